@@ -1,0 +1,84 @@
+//! Commands: what a gateway, an operator or a sweeper asks of one partition.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::Policy;
+use crate::types::{MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Open the partition under a published policy. Repeating it with the same
+    /// policy is a no-op; with a different one, a rejection.
+    OpenPartition { key: PartitionKey, policy: Policy },
+    /// Hold `units` for a call. The id is the idempotency key.
+    Reserve {
+        id: ReservationId,
+        digest: RequestDigest,
+        units: Units,
+    },
+    /// RESERVED → STARTED, binding the executor's operation id.
+    Start { id: ReservationId, operation_id: OperationId },
+    /// Report what the call really used. From USAGE_UNKNOWN this is the operation
+    /// receipt, and must name the operation id bound at start.
+    Settle {
+        id: ReservationId,
+        operation_id: Option<OperationId>,
+        actual_units: Units,
+    },
+    /// Give back an unstarted reservation.
+    Release { id: ReservationId },
+    /// Sweeper: the lease of an unstarted reservation has passed.
+    Expire { id: ReservationId },
+    /// Sweeper: a started call passed its hard execution limit unsettled.
+    MarkUsageUnknown { id: ReservationId },
+    /// Sweeper: credit the refill earned up to `now` (debt is repaid first).
+    Refill,
+    /// Carve an emergency shard out of `available` (moved to `retiredForEmergency`).
+    IssueShard {
+        shard_id: ShardId,
+        units: Units,
+        gateway_id: String,
+        boot_epoch: u64,
+        expires_at_ms: TimestampMs,
+    },
+    /// After reconciliation, remint a shard's confirmed-unused units into this
+    /// partition (usually the next generation). At most once per shard.
+    RemintShard {
+        shard_id: ShardId,
+        source: PartitionKey,
+        /// Units the shard was issued with; the remint can never exceed them.
+        issued_units: Units,
+        unused_units: Units,
+    },
+    /// Stop admission (epoch roll-over, generation switch). In-flight reservations
+    /// still start, settle, release and expire.
+    Close,
+    /// First half of a move: take `units` from `available` and all outstanding debt.
+    MoveOut {
+        move_id: MoveId,
+        to: PartitionKey,
+        units: Units,
+    },
+    /// Second half: receive what the paired `MoveOut` took.
+    MoveIn {
+        move_id: MoveId,
+        from: PartitionKey,
+        units: Units,
+        debt_units: Units,
+    },
+}
+
+impl Command {
+    /// The reservation the command is about, if any.
+    pub fn reservation_id(&self) -> Option<&ReservationId> {
+        match self {
+            Command::Reserve { id, .. }
+            | Command::Start { id, .. }
+            | Command::Settle { id, .. }
+            | Command::Release { id }
+            | Command::Expire { id }
+            | Command::MarkUsageUnknown { id } => Some(id),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! # reservoir-core
+//!
+//! The pure domain of Reservoir, the shared capacity ledger for LLM rate limits.
+//! No I/O, no clock, no randomness, no async: time arrives as data inside every
+//! command, so replaying the log reproduces state exactly.
+//!
+//! The main types:
+//! - [`Policy`] (`admissionBudget.v1`) fixes how a subject/route is admitted.
+//! - [`PartitionKey`] (subject, route, accounting epoch, policy generation) names
+//!   the aggregate, [`Partition`] is its state, [`Ledger`] its conservation terms.
+//! - [`Reservation`] (`limitReservation.v1`) and [`ReservationState`], the state machine.
+//! - [`decide`] turns a [`Command`] into [`Event`]s or a [`Rejection`];
+//!   [`apply`] folds an event into state and is the only code that mutates it.
+//!
+//! After every `apply`, `opening + minted + overdraftIssued = available + reserved
+//! + spent + retiredForEmergency + overdraftRepaid` holds (with the cross-partition
+//! terms described in [`ledger`]); `apply` checks it and refuses to commit otherwise.
+//!
+//! ```
+//! use reservoir_core::*;
+//! let key = PartitionKey::new("tenant-7", "chat.generate", "2026-07-19T14:00Z", 31).unwrap();
+//! let policy = Policy::example("tenant-7", "chat.generate", 31);
+//! let mut p = Partition::default();
+//! let id = ReservationId::new("rl-01").unwrap();
+//! for (now, cmd) in [
+//!     (0, Command::OpenPartition { key, policy }),
+//!     (1, Command::Reserve { id: id.clone(), digest: RequestDigest([7; 32]), units: 600 }),
+//!     (2, Command::Start { id: id.clone(), operation_id: OperationId::new("op-1").unwrap() }),
+//!     (3, Command::Settle { id: id.clone(), operation_id: None, actual_units: 200 }),
+//! ] {
+//!     for event in decide(&p, &cmd, now).unwrap() {
+//!         apply(&mut p, &event);
+//!     }
+//! }
+//! assert_eq!(p.ledger.spent_units, 200);
+//! assert_eq!(p.reservation(&id).unwrap().state, ReservationState::Settled);
+//! p.check_invariants().unwrap();
+//! ```
+
+pub mod command;
+pub mod decide;
+pub mod event;
+pub mod ledger;
+pub mod partition;
+pub mod policy;
+pub mod rejection;
+pub mod reservation;
+pub mod types;
+
+pub use command::Command;
+pub use decide::{decide, refusal_event};
+pub use event::{Event, EventBody, RefusalReason};
+pub use ledger::{check_moves, ConservationError, Ledger, MoveHalf, ShardLedger};
+pub use partition::{apply, try_apply, ApplyError, Partition};
+pub use policy::{CapacityUnit, EmergencyMode, Policy, RefillRule};
+pub use rejection::{InvalidInput, Rejection, Transition};
+pub use reservation::{Reservation, ReservationState, ShadowVerdict};
+pub use types::{MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units};

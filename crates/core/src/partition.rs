@@ -1,0 +1,393 @@
+//! The aggregate: one ledger partition's state, and `apply`, the only code that
+//! changes it.
+//!
+//! `apply` is written as *check, then commit*: it computes the new ledger in a
+//! copy, validates every transition, amount and the conservation equation, and
+//! only then mutates. So the live path can assert it never fails on events
+//! `decide` produced, while replay of an untrusted log calls [`try_apply`] and
+//! gets a typed finding instead of a crash or a half-applied event.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::event::{Event, EventBody};
+use crate::ledger::{ConservationError, Ledger};
+use crate::policy::Policy;
+use crate::reservation::{Reservation, ReservationState};
+use crate::types::{MoveId, PartitionKey, ReservationId, ShardId, TimestampMs, Units};
+
+/// Reservation records a partition keeps (open and terminal). Terminal records
+/// are the idempotency window: a retry of any reservation in this partition's
+/// accounting epoch is answered from its record. Roll the epoch to bound it.
+pub const MAX_RESERVATIONS_PER_PARTITION: usize = 1_000_000;
+
+/// Emergency shards issued by one partition.
+pub const MAX_SHARDS_PER_PARTITION: usize = 4_096;
+
+/// Capacity moves recorded by one partition, each direction.
+pub const MAX_MOVES_PER_PARTITION: usize = 4_096;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedShard {
+    pub units: Units,
+    pub gateway_id: String,
+    pub boot_epoch: u64,
+    pub expires_at_ms: TimestampMs,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemintedShard {
+    pub source: PartitionKey,
+    pub units: Units,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    /// The other partition (destination of a move out, source of a move in).
+    pub counterpart: PartitionKey,
+    pub units: Units,
+    pub debt_units: Units,
+}
+
+/// State of one ledger partition. `Default` is the partition before it was opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    pub key: Option<PartitionKey>,
+    pub policy: Option<Policy>,
+    pub ledger: Ledger,
+    pub reservations: BTreeMap<ReservationId, Reservation>,
+    /// Reservations in a state that holds capacity.
+    pub open_reservations: usize,
+    pub refill_anchor_ms: TimestampMs,
+    pub refill_remainder: u64,
+    pub last_sequence: u64,
+    pub last_at_ms: TimestampMs,
+    pub closed: bool,
+    pub refusals: u64,
+    pub shards_issued: BTreeMap<ShardId, IssuedShard>,
+    pub shards_reminted: BTreeMap<ShardId, RemintedShard>,
+    pub moves_out: BTreeMap<MoveId, Move>,
+    pub moves_in: BTreeMap<MoveId, Move>,
+}
+
+/// An event that cannot be applied to this state: live, a bug; in replay, a
+/// corrupt or tampered log.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ApplyError {
+    #[error("sequence gap: expected {expected}, found {found}")]
+    SequenceGap { expected: u64, found: u64 },
+    #[error("time went backwards: event at {at_ms} ms after {last_ms} ms")]
+    TimeWentBackwards { at_ms: u64, last_ms: u64 },
+    #[error("event before the partition was opened")]
+    NotOpen,
+    #[error("partition opened twice")]
+    AlreadyOpen,
+    #[error("event names unknown reservation {0}")]
+    UnknownReservation(ReservationId),
+    #[error("reservation {0} created twice")]
+    DuplicateReservation(ReservationId),
+    #[error("illegal transition {from:?} -> {to:?} for {id}")]
+    IllegalTransition {
+        id: ReservationId,
+        from: ReservationState,
+        to: ReservationState,
+    },
+    #[error("amounts do not add up: {0}")]
+    Inconsistent(&'static str),
+    #[error("a term would overflow or go below zero")]
+    Arithmetic,
+    #[error(transparent)]
+    Conservation(#[from] ConservationError),
+}
+
+fn add(a: Units, b: Units) -> Result<Units, ApplyError> {
+    a.checked_add(b).ok_or(ApplyError::Arithmetic)
+}
+fn sub(a: Units, b: Units) -> Result<Units, ApplyError> {
+    a.checked_sub(b).ok_or(ApplyError::Arithmetic)
+}
+
+impl Partition {
+    pub fn is_open(&self) -> bool {
+        self.policy.is_some()
+    }
+
+    pub fn reservation(&self, id: &ReservationId) -> Option<&Reservation> {
+        self.reservations.get(id)
+    }
+
+    /// Outstanding debt (0 for a consistent ledger that has none).
+    pub fn debt_units(&self) -> Units {
+        self.ledger.debt_units().unwrap_or(0)
+    }
+
+    /// Full invariant check, including the O(n) sum over open reservations.
+    /// Tests call it after every event; `apply` runs the O(1) part itself.
+    pub fn check_invariants(&self) -> Result<(), ConservationError> {
+        self.ledger.check()?;
+        let held: u128 = self
+            .reservations
+            .values()
+            .filter(|r| r.state.holds_capacity())
+            .map(|r| u128::from(r.held_units))
+            .sum();
+        if held != u128::from(self.ledger.reserved_units) {
+            return Err(ConservationError::ReservedMismatch { ledger: self.ledger.reserved_units, records: held });
+        }
+        Ok(())
+    }
+
+    /// Replays events from scratch into a fresh partition.
+    pub fn replay<'a>(events: impl IntoIterator<Item = &'a Event>) -> Result<Partition, (u64, ApplyError)> {
+        let mut p = Partition::default();
+        for e in events {
+            try_apply(&mut p, e).map_err(|err| (e.sequence, err))?;
+        }
+        Ok(p)
+    }
+
+    fn record_mut(&mut self, id: &ReservationId) -> Result<&mut Reservation, ApplyError> {
+        self.reservations
+            .get_mut(id)
+            .ok_or_else(|| ApplyError::UnknownReservation(id.clone()))
+    }
+
+    /// Validates a state move of `id` and returns the record's held units.
+    fn check_move(&self, id: &ReservationId, to: ReservationState) -> Result<&Reservation, ApplyError> {
+        let r = self
+            .reservations
+            .get(id)
+            .ok_or_else(|| ApplyError::UnknownReservation(id.clone()))?;
+        if !r.state.can_move_to(to) {
+            return Err(ApplyError::IllegalTransition { id: id.clone(), from: r.state, to });
+        }
+        Ok(r)
+    }
+}
+
+/// Folds one event into state. Panics if the event is invalid for this state,
+/// which for events produced by `decide` is a bug (TigerBeetle style: a broken
+/// invariant crashes, it is never logged and ignored).
+pub fn apply(partition: &mut Partition, event: &Event) {
+    if let Err(err) = try_apply(partition, event) {
+        panic!("apply failed on sequence {}: {err}", event.sequence);
+    }
+}
+
+/// Folds one event into state, or reports why it cannot, leaving state untouched.
+pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
+    let expected = p.last_sequence + 1;
+    if event.sequence != expected {
+        return Err(ApplyError::SequenceGap { expected, found: event.sequence });
+    }
+    if event.at_ms < p.last_at_ms {
+        return Err(ApplyError::TimeWentBackwards { at_ms: event.at_ms, last_ms: p.last_at_ms });
+    }
+    if !p.is_open() && !matches!(event.body, EventBody::PartitionOpened { .. }) {
+        return Err(ApplyError::NotOpen);
+    }
+    let mut l: Ledger = p.ledger;
+    // Commit step, run once every check passed. Reservation edits happen inside it.
+    let commit: Box<dyn FnOnce(&mut Partition) + '_>;
+    let at = event.at_ms;
+
+    match &event.body {
+        EventBody::PartitionOpened { key, policy, opening_units } => {
+            if p.is_open() {
+                return Err(ApplyError::AlreadyOpen);
+            }
+            if *opening_units != policy.opening_units || key.policy_generation != policy.generation {
+                return Err(ApplyError::Inconsistent("opening units or generation differ from the policy"));
+            }
+            l.opening_units = *opening_units;
+            l.available_units = *opening_units;
+            commit = Box::new(move |p| {
+                p.key = Some(key.clone());
+                p.policy = Some(policy.clone());
+                p.refill_anchor_ms = at;
+            });
+        }
+        EventBody::Refilled { minted_units, repaid_units, remainder } => {
+            l.minted_units = add(l.minted_units, *minted_units)?;
+            l.overdraft_repaid_units = add(l.overdraft_repaid_units, *repaid_units)?;
+            l.available_units = add(l.available_units, sub(*minted_units, *repaid_units)?)?;
+            let remainder = *remainder;
+            commit = Box::new(move |p| {
+                p.refill_anchor_ms = at;
+                p.refill_remainder = remainder;
+            });
+        }
+        EventBody::Reserved { id, digest, reserved_units, held_units, expires_at_ms, shadow } => {
+            if p.reservations.contains_key(id) {
+                return Err(ApplyError::DuplicateReservation(id.clone()));
+            }
+            if held_units > reserved_units || (shadow.is_none() && held_units != reserved_units) {
+                return Err(ApplyError::Inconsistent("held units differ from reserved units outside shadow mode"));
+            }
+            l.available_units = sub(l.available_units, *held_units)?;
+            l.reserved_units = add(l.reserved_units, *held_units)?;
+            let record = Reservation {
+                id: id.clone(),
+                digest: *digest,
+                reserved_units: *reserved_units,
+                held_units: *held_units,
+                actual_units: None,
+                overdraft_units: 0,
+                operation_id: None,
+                state: ReservationState::Reserved,
+                reserved_at_ms: at,
+                expires_at_ms: *expires_at_ms,
+                started_at_ms: None,
+                execution_deadline_ms: None,
+                finished_at_ms: None,
+                shadow: *shadow,
+            };
+            commit = Box::new(move |p| {
+                p.reservations.insert(record.id.clone(), record);
+                p.open_reservations += 1;
+            });
+        }
+        EventBody::AdmissionRefused { .. } => {
+            commit = Box::new(|p| p.refusals += 1);
+        }
+        EventBody::Started { id, operation_id, execution_deadline_ms } => {
+            p.check_move(id, ReservationState::Started)?;
+            commit = Box::new(move |p| {
+                let r = p.record_mut(id).expect("checked");
+                r.state = ReservationState::Started;
+                r.operation_id = Some(operation_id.clone());
+                r.started_at_ms = Some(at);
+                r.execution_deadline_ms = Some(*execution_deadline_ms);
+            });
+        }
+        EventBody::Settled {
+            id,
+            actual_units,
+            refunded_units,
+            from_available_units,
+            overdraft_units,
+            overdraft_limit_breached: _,
+            from_usage_unknown,
+        } => {
+            let to = if *overdraft_units > 0 {
+                ReservationState::SettledWithDebt
+            } else {
+                ReservationState::Settled
+            };
+            let r = p.check_move(id, to)?;
+            if *from_usage_unknown != (r.state == ReservationState::UsageUnknown) {
+                return Err(ApplyError::Inconsistent("from_usage_unknown does not match the record"));
+            }
+            let held = r.held_units;
+            let paid = add(sub(held, *refunded_units)?, add(*from_available_units, *overdraft_units)?)?;
+            let refund_and_excess = *refunded_units > 0 && (*from_available_units > 0 || *overdraft_units > 0);
+            if paid != *actual_units || refund_and_excess {
+                return Err(ApplyError::Inconsistent("actual != held - refunded + from_available + overdraft"));
+            }
+            l.reserved_units = sub(l.reserved_units, held)?;
+            l.available_units = sub(add(l.available_units, *refunded_units)?, *from_available_units)?;
+            l.spent_units = add(l.spent_units, *actual_units)?;
+            l.overdraft_issued_units = add(l.overdraft_issued_units, *overdraft_units)?;
+            let (actual, overdraft) = (*actual_units, *overdraft_units);
+            commit = Box::new(move |p| {
+                let r = p.record_mut(id).expect("checked");
+                r.state = to;
+                r.actual_units = Some(actual);
+                r.overdraft_units = overdraft;
+                r.finished_at_ms = Some(at);
+                p.open_reservations -= 1;
+            });
+        }
+        EventBody::Released { id, refunded_units } | EventBody::Expired { id, refunded_units } => {
+            let to = if matches!(event.body, EventBody::Released { .. }) {
+                ReservationState::Released
+            } else {
+                ReservationState::Expired
+            };
+            let r = p.check_move(id, to)?;
+            if *refunded_units != r.held_units {
+                return Err(ApplyError::Inconsistent("a release or expiry refunds exactly the held units"));
+            }
+            l.reserved_units = sub(l.reserved_units, *refunded_units)?;
+            l.available_units = add(l.available_units, *refunded_units)?;
+            commit = Box::new(move |p| {
+                let r = p.record_mut(id).expect("checked");
+                r.state = to;
+                r.finished_at_ms = Some(at);
+                p.open_reservations -= 1;
+            });
+        }
+        EventBody::ExpiryBegan { id } | EventBody::UsageUnknown { id } => {
+            let to = if matches!(event.body, EventBody::ExpiryBegan { .. }) {
+                ReservationState::Expiring
+            } else {
+                ReservationState::UsageUnknown
+            };
+            p.check_move(id, to)?;
+            commit = Box::new(move |p| p.record_mut(id).expect("checked").state = to);
+        }
+        EventBody::ShardIssued { shard_id, units, gateway_id, boot_epoch, expires_at_ms } => {
+            if p.shards_issued.contains_key(shard_id) {
+                return Err(ApplyError::Inconsistent("shard issued twice"));
+            }
+            l.available_units = sub(l.available_units, *units)?;
+            l.retired_for_emergency_units = add(l.retired_for_emergency_units, *units)?;
+            let shard = IssuedShard {
+                units: *units,
+                gateway_id: gateway_id.clone(),
+                boot_epoch: *boot_epoch,
+                expires_at_ms: *expires_at_ms,
+            };
+            commit = Box::new(move |p| {
+                p.shards_issued.insert(shard_id.clone(), shard);
+            });
+        }
+        EventBody::ShardReminted { shard_id, source, units } => {
+            if p.shards_reminted.contains_key(shard_id) {
+                return Err(ApplyError::Inconsistent("shard reminted twice"));
+            }
+            l.reminted_units = add(l.reminted_units, *units)?;
+            l.available_units = add(l.available_units, *units)?;
+            let rec = RemintedShard { source: source.clone(), units: *units };
+            commit = Box::new(move |p| {
+                p.shards_reminted.insert(shard_id.clone(), rec);
+            });
+        }
+        EventBody::Closed => {
+            commit = Box::new(|p| p.closed = true);
+        }
+        EventBody::MovedOut { move_id, to, units, debt_units } => {
+            if p.moves_out.contains_key(move_id) {
+                return Err(ApplyError::Inconsistent("move out recorded twice"));
+            }
+            l.available_units = sub(l.available_units, *units)?;
+            l.moved_out_units = add(l.moved_out_units, *units)?;
+            l.debt_moved_out_units = add(l.debt_moved_out_units, *debt_units)?;
+            let m = Move { counterpart: to.clone(), units: *units, debt_units: *debt_units };
+            commit = Box::new(move |p| {
+                p.moves_out.insert(move_id.clone(), m);
+            });
+        }
+        EventBody::MovedIn { move_id, from, units, debt_units } => {
+            if p.moves_in.contains_key(move_id) {
+                return Err(ApplyError::Inconsistent("move in recorded twice"));
+            }
+            l.available_units = add(l.available_units, *units)?;
+            l.moved_in_units = add(l.moved_in_units, *units)?;
+            l.debt_moved_in_units = add(l.debt_moved_in_units, *debt_units)?;
+            let m = Move { counterpart: from.clone(), units: *units, debt_units: *debt_units };
+            commit = Box::new(move |p| {
+                p.moves_in.insert(move_id.clone(), m);
+            });
+        }
+    }
+
+    l.check()?;
+    commit(p);
+    p.ledger = l;
+    p.last_sequence = event.sequence;
+    p.last_at_ms = at;
+    Ok(())
+}

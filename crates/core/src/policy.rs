@@ -1,0 +1,203 @@
+//! `admissionBudget.v1`: the policy a partition runs under, and its refill arithmetic.
+
+use serde::{Deserialize, Serialize};
+
+use crate::rejection::InvalidInput;
+use crate::types::{TimestampMs, Units};
+
+/// Largest capacity any single term may reach. Far above any real budget, far
+/// below `u64::MAX`, so sums of a handful of terms never overflow a u64 in practice
+/// and anything bigger is rejected as absurd input rather than wrapped.
+pub const MAX_UNITS: Units = 1 << 53;
+
+/// Longest time span (hold TTL, execution limit, refill interval) a policy may name: 30 days.
+pub const MAX_SPAN_MS: u64 = 30 * 24 * 3_600_000;
+
+/// What a unit counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapacityUnit {
+    Tokens,
+    Requests,
+}
+
+/// Whether the central ledger may carve emergency shards out of `available`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmergencyMode {
+    Disabled,
+    Enabled,
+}
+
+/// Continuous token-bucket refill: `units` per `interval_ms`, credited pro rata
+/// with an exact integer remainder so no fraction of a unit is ever lost or invented.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefillRule {
+    pub units: Units,
+    pub interval_ms: u64,
+}
+
+/// Result of letting time pass: how much is credited, and the new remainder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefillCredit {
+    pub credit_units: Units,
+    /// Fractional credit carried forward, in units × ms (always `< interval_ms`).
+    pub remainder: u64,
+}
+
+impl RefillRule {
+    /// Credit earned between `from_ms` and `to_ms`, given the carried remainder.
+    /// Computed in u128 so no product overflows.
+    pub fn credit(&self, from_ms: TimestampMs, to_ms: TimestampMs, remainder: u64) -> RefillCredit {
+        let elapsed = u128::from(to_ms.saturating_sub(from_ms));
+        let total = elapsed * u128::from(self.units) + u128::from(remainder);
+        let interval = u128::from(self.interval_ms.max(1));
+        let credit = total / interval;
+        RefillCredit {
+            credit_units: u64::try_from(credit).unwrap_or(u64::MAX),
+            remainder: (total % interval) as u64,
+        }
+    }
+
+    /// Milliseconds until `needed` more units have been credited (rounded up),
+    /// or `None` when the rule never refills.
+    pub fn time_to_credit(&self, needed: Units, remainder: u64) -> Option<u64> {
+        if self.units == 0 {
+            return None;
+        }
+        let target = u128::from(needed) * u128::from(self.interval_ms);
+        let missing = target.saturating_sub(u128::from(remainder));
+        let ms = missing.div_ceil(u128::from(self.units));
+        Some(u64::try_from(ms).unwrap_or(u64::MAX))
+    }
+}
+
+/// `admissionBudget.v1`: everything that fixes how one subject/route is admitted.
+/// A published policy is immutable; a change is a new `generation`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Subject key the policy limits (e.g. a tenant).
+    pub subject: String,
+    pub route: String,
+    pub region: String,
+    pub capacity_unit: CapacityUnit,
+    pub refill: RefillRule,
+    /// Bucket size: `available + reserved` never exceeds it.
+    pub burst_units: Units,
+    /// Balance a new partition opens with (at most `burst_units`).
+    pub opening_units: Units,
+    /// Digest of the estimator configuration reservations are sized with.
+    pub estimator_digest: String,
+    /// Largest single reservation; anything above is refused unconditionally.
+    pub max_reservation_units: Units,
+    /// Lease: an unstarted reservation is expired this long after it was made.
+    pub hold_ttl_ms: u64,
+    /// A started call not settled this long after its start becomes USAGE_UNKNOWN.
+    pub hard_execution_limit_ms: u64,
+    /// Overdraft beyond this is still recorded in full, and flagged as a breach.
+    pub max_overdraft_units: Units,
+    pub priority: u32,
+    pub emergency_mode: EmergencyMode,
+    /// Record what enforcement would have decided, but admit.
+    pub shadow_mode: bool,
+    pub generation: u64,
+}
+
+impl Policy {
+    /// Checks every field for sense; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        let bad = |field: &'static str| Err(InvalidInput::Policy { field });
+        if self.subject.is_empty() || self.route.is_empty() {
+            return bad("subject/route");
+        }
+        if self.region.is_empty() || self.region.len() > crate::types::MAX_ID_BYTES {
+            return bad("region");
+        }
+        if self.estimator_digest.len() > 256 {
+            return bad("estimator_digest");
+        }
+        if self.burst_units == 0 || self.burst_units > MAX_UNITS {
+            return bad("burst_units");
+        }
+        if self.opening_units > self.burst_units {
+            return bad("opening_units");
+        }
+        if self.max_reservation_units == 0 || self.max_reservation_units > MAX_UNITS {
+            return bad("max_reservation_units");
+        }
+        if self.max_overdraft_units > MAX_UNITS {
+            return bad("max_overdraft_units");
+        }
+        if self.refill.units > MAX_UNITS {
+            return bad("refill.units");
+        }
+        if self.refill.interval_ms == 0 || self.refill.interval_ms > MAX_SPAN_MS {
+            return bad("refill.interval_ms");
+        }
+        if self.hold_ttl_ms == 0 || self.hold_ttl_ms > MAX_SPAN_MS {
+            return bad("hold_ttl_ms");
+        }
+        if self.hard_execution_limit_ms == 0 || self.hard_execution_limit_ms > MAX_SPAN_MS {
+            return bad("hard_execution_limit_ms");
+        }
+        Ok(())
+    }
+
+    /// A small, valid policy for examples and tests: 10,000-unit bucket, opening
+    /// full, refilling 10,000 units a minute, 180 s hold TTL, 600 s execution limit.
+    pub fn example(subject: &str, route: &str, generation: u64) -> Policy {
+        Policy {
+            subject: subject.to_string(),
+            route: route.to_string(),
+            region: "eu-west-1".to_string(),
+            capacity_unit: CapacityUnit::Tokens,
+            refill: RefillRule { units: 10_000, interval_ms: 60_000 },
+            burst_units: 10_000,
+            opening_units: 10_000,
+            estimator_digest: String::new(),
+            max_reservation_units: 8_000,
+            hold_ttl_ms: 180_000,
+            hard_execution_limit_ms: 600_000,
+            max_overdraft_units: 5_000,
+            priority: 0,
+            emergency_mode: EmergencyMode::Disabled,
+            shadow_mode: false,
+            generation,
+        }
+    }
+
+    /// The largest reservation this policy can ever admit.
+    pub fn admissible_units(&self) -> Units {
+        self.max_reservation_units.min(self.burst_units)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refill_credit_is_exact_over_many_small_steps() {
+        // 100 units per 60 s, credited in 1 ms steps for a minute: exactly 100.
+        let rule = RefillRule { units: 100, interval_ms: 60_000 };
+        let (mut credited, mut remainder) = (0, 0);
+        for t in 0..60_000u64 {
+            let c = rule.credit(t, t + 1, remainder);
+            credited += c.credit_units;
+            remainder = c.remainder;
+        }
+        assert_eq!((credited, remainder), (100, 0));
+    }
+
+    #[test]
+    fn time_to_credit_rounds_up_and_uses_remainder() {
+        let rule = RefillRule { units: 1_000, interval_ms: 60_000 };
+        // 1 unit takes 60 ms.
+        assert_eq!(rule.time_to_credit(1, 0), Some(60));
+        assert_eq!(rule.time_to_credit(1, 30_000), Some(30));
+        assert_eq!(rule.time_to_credit(7, 0), Some(420));
+        let never = RefillRule { units: 0, interval_ms: 1 };
+        assert_eq!(never.time_to_credit(1, 0), None);
+    }
+}

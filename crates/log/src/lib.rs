@@ -1,0 +1,116 @@
+//! # reservoir-log
+//!
+//! The event log every other part of Reservoir reads and writes: the writer
+//! appends, the projector and the replay tool read. Two implementations share one
+//! record format and one validity rule:
+//! - `embedded` (the default): a RocksDB column family on one machine.
+//! - `kafka`: a Kafka topic (`reservoir.events`), any Kafka-protocol broker.
+//!
+//! What goes in the log is a [`LogEntry`]: either one command's events for one
+//! ledger partition (a [`Record`], appended atomically), or a writer's [`Claim`]
+//! of a log partition. [`fence::Validity`] is the single rule that decides which
+//! records count: *a record counts only if its writer holds the latest claim
+//! before it in that log partition*. Every reader applies it through that type.
+//!
+//! Values are Avro (see `schemas/` at the repository root) in the Confluent wire
+//! framing; [`codec`] encodes and decodes them.
+
+use std::future::Future;
+
+pub mod fence;
+
+use reservoir_core::{Event, PartitionKey};
+use thiserror::Error;
+
+/// Where an entry sits: the log partition (a Kafka partition; always 0 in the
+/// embedded log) and its offset there, dense and increasing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Position {
+    pub log_partition: u32,
+    pub offset: u64,
+}
+
+/// A writer's claim on a log partition. The latest claim wins; records of any
+/// other writer after it do not count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// Stable identity of the writer process (node id + boot id).
+    pub writer_id: String,
+    /// Strictly above every claim epoch the writer saw in the partition.
+    pub epoch: u64,
+}
+
+/// One command's events for one ledger partition, written by one writer under
+/// one claim. Never split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: PartitionKey,
+    pub writer_id: String,
+    pub claim_epoch: u64,
+    pub events: Vec<Event>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogEntry {
+    Claim(Claim),
+    Record(Record),
+}
+
+/// Infrastructure errors. `transient()` says whether retrying may succeed.
+#[derive(Debug, Error)]
+pub enum LogError {
+    #[error("fenced: writer {writer_id} lost log partition {log_partition} to a newer claim")]
+    Fenced { writer_id: String, log_partition: u32 },
+    #[error("log unavailable: {0}")]
+    Unavailable(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("corrupt entry at {position:?}: {reason}")]
+    Corrupt { position: Position, reason: String },
+    #[error("storage error: {0}")]
+    Storage(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+impl LogError {
+    pub fn transient(&self) -> bool {
+        matches!(self, LogError::Fenced { .. } | LogError::Unavailable(_) | LogError::Timeout(_))
+    }
+}
+
+/// The log abstraction shared by the writer, the projector and replay.
+///
+/// `append` returns only after the entries are durable (embedded: one synced
+/// RocksDB write for the whole batch; Kafka: acknowledged with `acks=all` and
+/// read back with no foreign claim before them). Positions come back in batch order.
+pub trait EventLog: Send + Sync + 'static {
+    /// Which log partition a ledger partition's records go to.
+    fn log_partition_for(&self, key: &PartitionKey) -> u32;
+
+    /// Number of log partitions.
+    fn log_partitions(&self) -> u32;
+
+    fn append(&self, batch: Vec<Record>) -> impl Future<Output = Result<Vec<Position>, LogError>> + Send;
+
+    /// Entries of one log partition from `from_offset`, at most `max` of them,
+    /// in order. Returns fewer (possibly none) at the end of the log.
+    fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<(Position, LogEntry)>, LogError>> + Send;
+
+    /// Offset one past the last entry of a log partition.
+    fn end_offset(&self, log_partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
+
+    /// Follows the tail: waits until the log partition holds an entry at `offset`
+    /// or `timeout` passes, and says which.
+    fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: std::time::Duration,
+    ) -> impl Future<Output = Result<bool, LogError>> + Send;
+}
