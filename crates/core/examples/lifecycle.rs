@@ -4,22 +4,59 @@
 use reservoir_core::*;
 
 fn main() {
-    let key = PartitionKey::new("tenant-7", "chat.generate", "2026-07-19T14:00Z", 31).expect("valid key");
+    let key =
+        PartitionKey::new("tenant-7", "chat.generate", "2026-07-19T14:00Z", 31).expect("valid key");
     let policy = Policy::example("tenant-7", "chat.generate", 31);
     let id = |s: &str| ReservationId::new(s).expect("valid id");
     let op = OperationId::new("op-1").expect("valid id");
     let mut partition = Partition::default();
     let script = [
         (0, Command::OpenPartition { key, policy }),
-        (10, Command::Reserve { id: id("rl-1"), digest: RequestDigest([1; 32]), units: 4_000 }),
-        (20, Command::Start { id: id("rl-1"), operation_id: op.clone() }),
-        (30, Command::Settle { id: id("rl-1"), operation_id: Some(op), actual_units: 1_850 }),
-        (40, Command::Reserve { id: id("rl-2"), digest: RequestDigest([2; 32]), units: 9_000 }),
-        (50, Command::Reserve { id: id("rl-1"), digest: RequestDigest([1; 32]), units: 4_000 }),
+        (
+            10,
+            Command::Reserve {
+                id: id("rl-1"),
+                digest: RequestDigest([1; 32]),
+                units: 4_000,
+            },
+        ),
+        (
+            20,
+            Command::Start {
+                id: id("rl-1"),
+                operation_id: op.clone(),
+            },
+        ),
+        (
+            30,
+            Command::Settle {
+                id: id("rl-1"),
+                operation_id: Some(op),
+                actual_units: 1_850,
+            },
+        ),
+        (
+            40,
+            Command::Reserve {
+                id: id("rl-2"),
+                digest: RequestDigest([2; 32]),
+                units: 9_000,
+            },
+        ),
+        (
+            50,
+            Command::Reserve {
+                id: id("rl-1"),
+                digest: RequestDigest([1; 32]),
+                units: 4_000,
+            },
+        ),
     ];
     for (now_ms, command) in script {
         match decide(&partition, &command, now_ms) {
-            Ok(events) if events.is_empty() => println!("{now_ms:>6} ms  idempotent retry: answered from the record"),
+            Ok(events) if events.is_empty() => {
+                println!("{now_ms:>6} ms  idempotent retry: answered from the record")
+            }
             Ok(events) => {
                 for event in events {
                     apply(&mut partition, &event);
@@ -36,7 +73,10 @@ fn main() {
                     );
                 }
             }
-            Err(rejection) => println!("{now_ms:>6} ms  refused [{}]: {rejection}", rejection.code()),
+            Err(rejection) => println!(
+                "{now_ms:>6} ms  refused [{}]: {rejection}",
+                rejection.code()
+            ),
         }
     }
 }

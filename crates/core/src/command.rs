@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
-use crate::types::{MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units};
+use crate::types::{
+    MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -17,7 +19,10 @@ pub enum Command {
         units: Units,
     },
     /// RESERVED → STARTED, binding the executor's operation id.
-    Start { id: ReservationId, operation_id: OperationId },
+    Start {
+        id: ReservationId,
+        operation_id: OperationId,
+    },
     /// Report what the call really used. From USAGE_UNKNOWN this is the operation
     /// receipt, and must name the operation id bound at start.
     Settle {

@@ -17,14 +17,25 @@ use crate::types::{ReservationId, TimestampMs, Units};
 type Decision = Result<Vec<EventBody>, Rejection>;
 
 /// Decides `command` against `partition` at `now_ms`.
-pub fn decide(partition: &Partition, command: &Command, now_ms: TimestampMs) -> Result<Vec<Event>, Rejection> {
+pub fn decide(
+    partition: &Partition,
+    command: &Command,
+    now_ms: TimestampMs,
+) -> Result<Vec<Event>, Rejection> {
     if now_ms < partition.last_at_ms {
-        return Err(InvalidInput::TimeWentBackwards { now_ms, last_ms: partition.last_at_ms }.into());
+        return Err(InvalidInput::TimeWentBackwards {
+            now_ms,
+            last_ms: partition.last_at_ms,
+        }
+        .into());
     }
     let bodies = match command {
         Command::OpenPartition { key, policy } => open(partition, key, policy),
         _ => {
-            let policy = partition.policy.as_ref().ok_or(Rejection::PartitionNotOpen)?;
+            let policy = partition
+                .policy
+                .as_ref()
+                .ok_or(Rejection::PartitionNotOpen)?;
             decide_open(partition, policy, command, now_ms)
         }
     }?;
@@ -63,7 +74,11 @@ fn stamp(partition: &Partition, bodies: Vec<EventBody>, now_ms: TimestampMs) -> 
         .into_iter()
         .map(|body| {
             sequence += 1;
-            Event { sequence, at_ms: now_ms, body }
+            Event {
+                sequence,
+                at_ms: now_ms,
+                body,
+            }
         })
         .collect()
 }
@@ -71,7 +86,10 @@ fn stamp(partition: &Partition, bodies: Vec<EventBody>, now_ms: TimestampMs) -> 
 fn check_units(units: Units) -> Result<(), InvalidInput> {
     match units {
         0 => Err(InvalidInput::ZeroUnits),
-        u if u > MAX_UNITS => Err(InvalidInput::AbsurdUnits { units: u, limit: MAX_UNITS }),
+        u if u > MAX_UNITS => Err(InvalidInput::AbsurdUnits {
+            units: u,
+            limit: MAX_UNITS,
+        }),
         _ => Ok(()),
     }
 }
@@ -79,7 +97,10 @@ fn check_units(units: Units) -> Result<(), InvalidInput> {
 fn open(partition: &Partition, key: &crate::types::PartitionKey, policy: &Policy) -> Decision {
     key.validate()?;
     policy.validate()?;
-    if key.subject != policy.subject || key.route != policy.route || key.policy_generation != policy.generation {
+    if key.subject != policy.subject
+        || key.route != policy.route
+        || key.policy_generation != policy.generation
+    {
         return Err(InvalidInput::WrongPartition {
             expected: format!("{}|{}|g{}", policy.subject, policy.route, policy.generation),
             found: key.to_string(),
@@ -104,10 +125,19 @@ fn record<'a>(partition: &'a Partition, id: &ReservationId) -> Result<&'a Reserv
 }
 
 fn wrong_state(r: &Reservation, transition: Transition) -> Rejection {
-    Rejection::WrongState { id: r.id.clone(), state: r.state, transition }
+    Rejection::WrongState {
+        id: r.id.clone(),
+        state: r.state,
+        transition,
+    }
 }
 
-fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: TimestampMs) -> Decision {
+fn decide_open(
+    partition: &Partition,
+    policy: &Policy,
+    command: &Command,
+    now: TimestampMs,
+) -> Decision {
     match command {
         Command::OpenPartition { .. } => unreachable!("handled by decide"),
         Command::Reserve { id, digest, units } => {
@@ -120,10 +150,15 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 };
             }
             if partition.closed {
-                return Err(Rejection::GenerationClosed { generation: policy.generation });
+                return Err(Rejection::GenerationClosed {
+                    generation: policy.generation,
+                });
             }
             if partition.reservations.len() >= MAX_RESERVATIONS_PER_PARTITION {
-                return Err(Rejection::LimitReached { what: "reservations", limit: MAX_RESERVATIONS_PER_PARTITION });
+                return Err(Rejection::LimitReached {
+                    what: "reservations",
+                    limit: MAX_RESERVATIONS_PER_PARTITION,
+                });
             }
             let refill = pending_refill(partition, policy, now);
             let (available, debt) = after_refill(partition, refill.as_ref());
@@ -134,7 +169,9 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 (Err(rejection), false) => return Err(rejection),
                 (Err(rejection), true) => (0, Some(shadow_verdict(&rejection))),
             };
-            let expires_at_ms = now.checked_add(policy.hold_ttl_ms).ok_or(InvalidInput::Overflow)?;
+            let expires_at_ms = now
+                .checked_add(policy.hold_ttl_ms)
+                .ok_or(InvalidInput::Overflow)?;
             let reserved = EventBody::Reserved {
                 id: id.clone(),
                 digest: *digest,
@@ -151,7 +188,10 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 (Some(bound), _) if bound == operation_id => Ok(vec![]),
                 (Some(_), _) => Err(Rejection::ExistsWithDifferentOperationId { id: id.clone() }),
                 (None, ReservationState::Reserved) if now >= r.expires_at_ms => {
-                    Err(Rejection::LeaseExpired { id: id.clone(), expires_at_ms: r.expires_at_ms })
+                    Err(Rejection::LeaseExpired {
+                        id: id.clone(),
+                        expires_at_ms: r.expires_at_ms,
+                    })
                 }
                 (None, ReservationState::Reserved) => Ok(vec![EventBody::Started {
                     id: id.clone(),
@@ -163,9 +203,17 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 (None, _) => Err(wrong_state(r, Transition::Start)),
             }
         }
-        Command::Settle { id, operation_id, actual_units } => {
+        Command::Settle {
+            id,
+            operation_id,
+            actual_units,
+        } => {
             if *actual_units > MAX_UNITS {
-                return Err(InvalidInput::AbsurdUnits { units: *actual_units, limit: MAX_UNITS }.into());
+                return Err(InvalidInput::AbsurdUnits {
+                    units: *actual_units,
+                    limit: MAX_UNITS,
+                }
+                .into());
             }
             let r = record(partition, id)?;
             if let (Some(given), Some(bound)) = (operation_id, &r.operation_id) {
@@ -174,14 +222,18 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 }
             }
             match r.state {
-                ReservationState::Settled | ReservationState::SettledWithDebt => match r.actual_units {
-                    Some(settled) if settled == *actual_units => Ok(vec![]),
-                    settled => Err(Rejection::ExistsWithDifferentActualUnits {
-                        id: id.clone(),
-                        settled_units: settled.unwrap_or(0),
-                    }),
-                },
-                ReservationState::Started => Ok(vec![settle(partition, policy, r, *actual_units, false)]),
+                ReservationState::Settled | ReservationState::SettledWithDebt => {
+                    match r.actual_units {
+                        Some(settled) if settled == *actual_units => Ok(vec![]),
+                        settled => Err(Rejection::ExistsWithDifferentActualUnits {
+                            id: id.clone(),
+                            settled_units: settled.unwrap_or(0),
+                        }),
+                    }
+                }
+                ReservationState::Started => {
+                    Ok(vec![settle(partition, policy, r, *actual_units, false)])
+                }
                 // Only an operation receipt resolves UNKNOWN: it must name the operation.
                 ReservationState::UsageUnknown if operation_id.is_some() => {
                     Ok(vec![settle(partition, policy, r, *actual_units, true)])
@@ -193,7 +245,10 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
             let r = record(partition, id)?;
             match r.state {
                 ReservationState::Released => Ok(vec![]),
-                ReservationState::Reserved => Ok(vec![EventBody::Released { id: id.clone(), refunded_units: r.held_units }]),
+                ReservationState::Reserved => Ok(vec![EventBody::Released {
+                    id: id.clone(),
+                    refunded_units: r.held_units,
+                }]),
                 _ => Err(wrong_state(r, Transition::Release)),
             }
         }
@@ -201,12 +256,16 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
             let r = record(partition, id)?;
             match r.state {
                 ReservationState::Expired | ReservationState::Expiring => Ok(vec![]),
-                ReservationState::Reserved if now < r.expires_at_ms => {
-                    Err(Rejection::NotYetDue { id: id.clone(), due_at_ms: r.expires_at_ms })
-                }
+                ReservationState::Reserved if now < r.expires_at_ms => Err(Rejection::NotYetDue {
+                    id: id.clone(),
+                    due_at_ms: r.expires_at_ms,
+                }),
                 ReservationState::Reserved => Ok(vec![
                     EventBody::ExpiryBegan { id: id.clone() },
-                    EventBody::Expired { id: id.clone(), refunded_units: r.held_units },
+                    EventBody::Expired {
+                        id: id.clone(),
+                        refunded_units: r.held_units,
+                    },
                 ]),
                 _ => Err(wrong_state(r, Transition::Expire)),
             }
@@ -215,15 +274,24 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
             let r = record(partition, id)?;
             match (r.state, r.execution_deadline_ms) {
                 (ReservationState::UsageUnknown, _) => Ok(vec![]),
-                (ReservationState::Started, Some(due)) if now < due => {
-                    Err(Rejection::NotYetDue { id: id.clone(), due_at_ms: due })
+                (ReservationState::Started, Some(due)) if now < due => Err(Rejection::NotYetDue {
+                    id: id.clone(),
+                    due_at_ms: due,
+                }),
+                (ReservationState::Started, _) => {
+                    Ok(vec![EventBody::UsageUnknown { id: id.clone() }])
                 }
-                (ReservationState::Started, _) => Ok(vec![EventBody::UsageUnknown { id: id.clone() }]),
                 _ => Err(wrong_state(r, Transition::MarkUsageUnknown)),
             }
         }
         Command::Refill => Ok(pending_refill(partition, policy, now).into_iter().collect()),
-        Command::IssueShard { shard_id, units, gateway_id, boot_epoch, expires_at_ms } => {
+        Command::IssueShard {
+            shard_id,
+            units,
+            gateway_id,
+            boot_epoch,
+            expires_at_ms,
+        } => {
             check_units(*units)?;
             crate::types::validate_id("gateway id", gateway_id)?;
             if let Some(s) = partition.shards_issued.get(shard_id) {
@@ -231,21 +299,33 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                     && s.gateway_id == *gateway_id
                     && s.boot_epoch == *boot_epoch
                     && s.expires_at_ms == *expires_at_ms;
-                return if same { Ok(vec![]) } else { Err(Rejection::ExistsWithDifferentFields) };
+                return if same {
+                    Ok(vec![])
+                } else {
+                    Err(Rejection::ExistsWithDifferentFields)
+                };
             }
             if policy.emergency_mode == EmergencyMode::Disabled {
                 return Err(Rejection::EmergencyDisabled);
             }
             if partition.closed {
-                return Err(Rejection::GenerationClosed { generation: policy.generation });
+                return Err(Rejection::GenerationClosed {
+                    generation: policy.generation,
+                });
             }
             if partition.shards_issued.len() >= MAX_SHARDS_PER_PARTITION {
-                return Err(Rejection::LimitReached { what: "shards", limit: MAX_SHARDS_PER_PARTITION });
+                return Err(Rejection::LimitReached {
+                    what: "shards",
+                    limit: MAX_SHARDS_PER_PARTITION,
+                });
             }
             // Shards are carved only while the ledger is healthy: no debt.
             let debt = partition.debt_units();
             if debt > 0 {
-                return Err(Rejection::DebtOutstanding { debt_units: debt, retry_after_ms: None });
+                return Err(Rejection::DebtOutstanding {
+                    debt_units: debt,
+                    retry_after_ms: None,
+                });
             }
             let available = partition.ledger.available_units;
             if *units > available {
@@ -263,23 +343,47 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 expires_at_ms: *expires_at_ms,
             }])
         }
-        Command::RemintShard { shard_id, source, issued_units, unused_units } => {
+        Command::RemintShard {
+            shard_id,
+            source,
+            issued_units,
+            unused_units,
+        } => {
             source.validate()?;
             if *unused_units > *issued_units {
-                return Err(InvalidInput::AbsurdUnits { units: *unused_units, limit: *issued_units }.into());
+                return Err(InvalidInput::AbsurdUnits {
+                    units: *unused_units,
+                    limit: *issued_units,
+                }
+                .into());
             }
             if let Some(done) = partition.shards_reminted.get(shard_id) {
                 // Duplicate recovery of unused capacity is 0 by construction.
-                return if done.source == *source { Ok(vec![]) } else { Err(Rejection::ExistsWithDifferentFields) };
+                return if done.source == *source {
+                    Ok(vec![])
+                } else {
+                    Err(Rejection::ExistsWithDifferentFields)
+                };
             }
             if partition.shards_reminted.len() >= MAX_SHARDS_PER_PARTITION {
-                return Err(Rejection::LimitReached { what: "shards", limit: MAX_SHARDS_PER_PARTITION });
+                return Err(Rejection::LimitReached {
+                    what: "shards",
+                    limit: MAX_SHARDS_PER_PARTITION,
+                });
             }
             // Never refill past the burst: what does not fit stays retired at the source.
             let units = (*unused_units).min(room_below_burst(partition, policy));
-            Ok(vec![EventBody::ShardReminted { shard_id: shard_id.clone(), source: source.clone(), units }])
+            Ok(vec![EventBody::ShardReminted {
+                shard_id: shard_id.clone(),
+                source: source.clone(),
+                units,
+            }])
         }
-        Command::Close => Ok(if partition.closed { vec![] } else { vec![EventBody::Closed] }),
+        Command::Close => Ok(if partition.closed {
+            vec![]
+        } else {
+            vec![EventBody::Closed]
+        }),
         Command::MoveOut { move_id, to, units } => {
             to.validate()?;
             if let Some(m) = partition.moves_out.get(move_id) {
@@ -290,10 +394,17 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 };
             }
             if partition.moves_out.len() >= MAX_MOVES_PER_PARTITION {
-                return Err(Rejection::LimitReached { what: "moves", limit: MAX_MOVES_PER_PARTITION });
+                return Err(Rejection::LimitReached {
+                    what: "moves",
+                    limit: MAX_MOVES_PER_PARTITION,
+                });
             }
             if *units > MAX_UNITS {
-                return Err(InvalidInput::AbsurdUnits { units: *units, limit: MAX_UNITS }.into());
+                return Err(InvalidInput::AbsurdUnits {
+                    units: *units,
+                    limit: MAX_UNITS,
+                }
+                .into());
             }
             let available = partition.ledger.available_units;
             if *units > available {
@@ -310,18 +421,35 @@ fn decide_open(partition: &Partition, policy: &Policy, command: &Command, now: T
                 debt_units: partition.debt_units(),
             }])
         }
-        Command::MoveIn { move_id, from, units, debt_units } => {
+        Command::MoveIn {
+            move_id,
+            from,
+            units,
+            debt_units,
+        } => {
             from.validate()?;
             if let Some(m) = partition.moves_in.get(move_id) {
-                let same = m.counterpart == *from && m.units == *units && m.debt_units == *debt_units;
-                return if same { Ok(vec![]) } else { Err(Rejection::ExistsWithDifferentFields) };
+                let same =
+                    m.counterpart == *from && m.units == *units && m.debt_units == *debt_units;
+                return if same {
+                    Ok(vec![])
+                } else {
+                    Err(Rejection::ExistsWithDifferentFields)
+                };
             }
             if partition.moves_in.len() >= MAX_MOVES_PER_PARTITION {
-                return Err(Rejection::LimitReached { what: "moves", limit: MAX_MOVES_PER_PARTITION });
+                return Err(Rejection::LimitReached {
+                    what: "moves",
+                    limit: MAX_MOVES_PER_PARTITION,
+                });
             }
             for u in [*units, *debt_units] {
                 if u > MAX_UNITS {
-                    return Err(InvalidInput::AbsurdUnits { units: u, limit: MAX_UNITS }.into());
+                    return Err(InvalidInput::AbsurdUnits {
+                        units: u,
+                        limit: MAX_UNITS,
+                    }
+                    .into());
                 }
             }
             Ok(vec![EventBody::MovedIn {
@@ -345,19 +473,26 @@ fn admission(
 ) -> Result<(), Rejection> {
     let max_units = policy.admissible_units();
     if units > max_units {
-        return Err(Rejection::RequestTooLarge { requested_units: units, max_units });
+        return Err(Rejection::RequestTooLarge {
+            requested_units: units,
+            max_units,
+        });
     }
     if debt > 0 {
         return Err(Rejection::DebtOutstanding {
             debt_units: debt,
-            retry_after_ms: policy.refill.time_to_credit(debt, partition.refill_remainder),
+            retry_after_ms: policy
+                .refill
+                .time_to_credit(debt, partition.refill_remainder),
         });
     }
     if units > available {
         return Err(Rejection::InsufficientCapacity {
             requested_units: units,
             available_units: available,
-            retry_after_ms: policy.refill.time_to_credit(units - available, partition.refill_remainder),
+            retry_after_ms: policy
+                .refill
+                .time_to_credit(units - available, partition.refill_remainder),
         });
     }
     Ok(())
@@ -392,21 +527,40 @@ fn pending_refill(partition: &Partition, policy: &Policy, now: TimestampMs) -> O
     let room = room_below_burst(partition, policy);
     let to_available = left.min(room);
     // A full bucket drops the fractional remainder too: refill restarts from now.
-    let remainder = if to_available < left { 0 } else { credit.remainder };
-    Some(EventBody::Refilled { minted_units: repaid_units + to_available, repaid_units, remainder })
+    let remainder = if to_available < left {
+        0
+    } else {
+        credit.remainder
+    };
+    Some(EventBody::Refilled {
+        minted_units: repaid_units + to_available,
+        repaid_units,
+        remainder,
+    })
 }
 
 fn after_refill(partition: &Partition, refill: Option<&EventBody>) -> (Units, Units) {
     let (available, debt) = (partition.ledger.available_units, partition.debt_units());
     match refill {
-        Some(EventBody::Refilled { minted_units, repaid_units, .. }) => {
-            (available + (minted_units - repaid_units), debt - repaid_units)
-        }
+        Some(EventBody::Refilled {
+            minted_units,
+            repaid_units,
+            ..
+        }) => (
+            available + (minted_units - repaid_units),
+            debt - repaid_units,
+        ),
         _ => (available, debt),
     }
 }
 
-fn settle(partition: &Partition, policy: &Policy, r: &Reservation, actual: Units, from_usage_unknown: bool) -> EventBody {
+fn settle(
+    partition: &Partition,
+    policy: &Policy,
+    r: &Reservation,
+    actual: Units,
+    from_usage_unknown: bool,
+) -> EventBody {
     let held = r.held_units;
     let (refunded_units, from_available_units, overdraft_units) = if actual <= held {
         (held - actual, 0, 0)
@@ -422,7 +576,8 @@ fn settle(partition: &Partition, policy: &Policy, r: &Reservation, actual: Units
         refunded_units,
         from_available_units,
         overdraft_units,
-        overdraft_limit_breached: overdraft_units > 0 && debt_after > u128::from(policy.max_overdraft_units),
+        overdraft_limit_breached: overdraft_units > 0
+            && debt_after > u128::from(policy.max_overdraft_units),
         from_usage_unknown,
     }
 }

@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
 use crate::reservation::ShadowVerdict;
-use crate::types::{MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units};
+use crate::types::{
+    MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
+};
 
 /// One fact in one partition's history.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -85,7 +85,10 @@ impl Ledger {
     pub fn debt_units(&self) -> Option<Units> {
         self.overdraft_issued_units
             .checked_add(self.debt_moved_in_units)?
-            .checked_sub(self.overdraft_repaid_units.checked_add(self.debt_moved_out_units)?)
+            .checked_sub(
+                self.overdraft_repaid_units
+                    .checked_add(self.debt_moved_out_units)?,
+            )
     }
 
     /// The conservation equation and `debt >= 0`. (`available >= 0` holds by type:
@@ -93,7 +96,10 @@ impl Ledger {
     pub fn check(&self) -> Result<(), ConservationError> {
         let (sources, destinations) = (self.sources(), self.destinations());
         if sources != destinations {
-            return Err(ConservationError::Unbalanced { sources, destinations });
+            return Err(ConservationError::Unbalanced {
+                sources,
+                destinations,
+            });
         }
         if self.debt_units().is_none() {
             return Err(ConservationError::NegativeDebt {
@@ -122,7 +128,10 @@ pub fn check_moves(outs: &[MoveHalf], ins: &[MoveHalf]) -> Result<(), String> {
     let index = |halves: &[MoveHalf]| -> Result<BTreeMap<_, _>, String> {
         let mut map = BTreeMap::new();
         for h in halves {
-            if map.insert(h.move_id.clone(), (h.units, h.debt_units)).is_some() {
+            if map
+                .insert(h.move_id.clone(), (h.units, h.debt_units))
+                .is_some()
+            {
                 return Err(format!("move {} recorded twice on one side", h.move_id));
             }
         }
@@ -166,7 +175,10 @@ impl ShardLedger {
         .sum();
         let sources = u128::from(self.allocated_units);
         if sources != destinations {
-            return Err(ConservationError::Unbalanced { sources, destinations });
+            return Err(ConservationError::Unbalanced {
+                sources,
+                destinations,
+            });
         }
         Ok(())
     }
@@ -178,20 +190,44 @@ mod tests {
 
     #[test]
     fn unbalanced_and_negative_debt_are_caught() {
-        let mut l = Ledger { opening_units: 10, available_units: 10, ..Default::default() };
+        let mut l = Ledger {
+            opening_units: 10,
+            available_units: 10,
+            ..Default::default()
+        };
         assert_eq!(l.check(), Ok(()));
         l.available_units = 9;
-        assert_eq!(l.check(), Err(ConservationError::Unbalanced { sources: 10, destinations: 9 }));
+        assert_eq!(
+            l.check(),
+            Err(ConservationError::Unbalanced {
+                sources: 10,
+                destinations: 9
+            })
+        );
         // Repaid more than was ever issued, balanced by a fake mint: still caught.
-        let l = Ledger { minted_units: 5, overdraft_repaid_units: 5, ..Default::default() };
-        assert!(matches!(l.check(), Err(ConservationError::NegativeDebt { .. })));
+        let l = Ledger {
+            minted_units: 5,
+            overdraft_repaid_units: 5,
+            ..Default::default()
+        };
+        assert!(matches!(
+            l.check(),
+            Err(ConservationError::NegativeDebt { .. })
+        ));
     }
 
     #[test]
     fn moves_must_pair_exactly() {
         let id = |s: &str| crate::types::MoveId::new(s).unwrap();
-        let half = |s: &str, u, d| MoveHalf { move_id: id(s), units: u, debt_units: d };
-        assert_eq!(check_moves(&[half("m1", 5, 1)], &[half("m1", 5, 1)]), Ok(()));
+        let half = |s: &str, u, d| MoveHalf {
+            move_id: id(s),
+            units: u,
+            debt_units: d,
+        };
+        assert_eq!(
+            check_moves(&[half("m1", 5, 1)], &[half("m1", 5, 1)]),
+            Ok(())
+        );
         assert!(check_moves(&[half("m1", 5, 1)], &[half("m1", 4, 1)]).is_err());
         assert!(check_moves(&[half("m1", 5, 1)], &[]).is_err());
         assert!(check_moves(&[], &[half("m1", 5, 0)]).is_err());

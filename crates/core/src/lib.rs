@@ -55,4 +55,6 @@ pub use partition::{apply, try_apply, ApplyError, Partition};
 pub use policy::{CapacityUnit, EmergencyMode, Policy, RefillRule};
 pub use rejection::{InvalidInput, Rejection, Transition};
 pub use reservation::{Reservation, ReservationState, ShadowVerdict};
-pub use types::{MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units};
+pub use types::{
+    MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
+};

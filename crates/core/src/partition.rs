@@ -134,13 +134,18 @@ impl Partition {
             .map(|r| u128::from(r.held_units))
             .sum();
         if held != u128::from(self.ledger.reserved_units) {
-            return Err(ConservationError::ReservedMismatch { ledger: self.ledger.reserved_units, records: held });
+            return Err(ConservationError::ReservedMismatch {
+                ledger: self.ledger.reserved_units,
+                records: held,
+            });
         }
         Ok(())
     }
 
     /// Replays events from scratch into a fresh partition.
-    pub fn replay<'a>(events: impl IntoIterator<Item = &'a Event>) -> Result<Partition, (u64, ApplyError)> {
+    pub fn replay<'a>(
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<Partition, (u64, ApplyError)> {
         let mut p = Partition::default();
         for e in events {
             try_apply(&mut p, e).map_err(|err| (e.sequence, err))?;
@@ -155,13 +160,21 @@ impl Partition {
     }
 
     /// Validates a state move of `id` and returns the record's held units.
-    fn check_move(&self, id: &ReservationId, to: ReservationState) -> Result<&Reservation, ApplyError> {
+    fn check_move(
+        &self,
+        id: &ReservationId,
+        to: ReservationState,
+    ) -> Result<&Reservation, ApplyError> {
         let r = self
             .reservations
             .get(id)
             .ok_or_else(|| ApplyError::UnknownReservation(id.clone()))?;
         if !r.state.can_move_to(to) {
-            return Err(ApplyError::IllegalTransition { id: id.clone(), from: r.state, to });
+            return Err(ApplyError::IllegalTransition {
+                id: id.clone(),
+                from: r.state,
+                to,
+            });
         }
         Ok(r)
     }
@@ -180,10 +193,16 @@ pub fn apply(partition: &mut Partition, event: &Event) {
 pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
     let expected = p.last_sequence + 1;
     if event.sequence != expected {
-        return Err(ApplyError::SequenceGap { expected, found: event.sequence });
+        return Err(ApplyError::SequenceGap {
+            expected,
+            found: event.sequence,
+        });
     }
     if event.at_ms < p.last_at_ms {
-        return Err(ApplyError::TimeWentBackwards { at_ms: event.at_ms, last_ms: p.last_at_ms });
+        return Err(ApplyError::TimeWentBackwards {
+            at_ms: event.at_ms,
+            last_ms: p.last_at_ms,
+        });
     }
     if !p.is_open() && !matches!(event.body, EventBody::PartitionOpened { .. }) {
         return Err(ApplyError::NotOpen);
@@ -194,12 +213,19 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
     let at = event.at_ms;
 
     match &event.body {
-        EventBody::PartitionOpened { key, policy, opening_units } => {
+        EventBody::PartitionOpened {
+            key,
+            policy,
+            opening_units,
+        } => {
             if p.is_open() {
                 return Err(ApplyError::AlreadyOpen);
             }
-            if *opening_units != policy.opening_units || key.policy_generation != policy.generation {
-                return Err(ApplyError::Inconsistent("opening units or generation differ from the policy"));
+            if *opening_units != policy.opening_units || key.policy_generation != policy.generation
+            {
+                return Err(ApplyError::Inconsistent(
+                    "opening units or generation differ from the policy",
+                ));
             }
             l.opening_units = *opening_units;
             l.available_units = *opening_units;
@@ -209,7 +235,11 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
                 p.refill_anchor_ms = at;
             });
         }
-        EventBody::Refilled { minted_units, repaid_units, remainder } => {
+        EventBody::Refilled {
+            minted_units,
+            repaid_units,
+            remainder,
+        } => {
             l.minted_units = add(l.minted_units, *minted_units)?;
             l.overdraft_repaid_units = add(l.overdraft_repaid_units, *repaid_units)?;
             l.available_units = add(l.available_units, sub(*minted_units, *repaid_units)?)?;
@@ -219,12 +249,21 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
                 p.refill_remainder = remainder;
             });
         }
-        EventBody::Reserved { id, digest, reserved_units, held_units, expires_at_ms, shadow } => {
+        EventBody::Reserved {
+            id,
+            digest,
+            reserved_units,
+            held_units,
+            expires_at_ms,
+            shadow,
+        } => {
             if p.reservations.contains_key(id) {
                 return Err(ApplyError::DuplicateReservation(id.clone()));
             }
             if held_units > reserved_units || (shadow.is_none() && held_units != reserved_units) {
-                return Err(ApplyError::Inconsistent("held units differ from reserved units outside shadow mode"));
+                return Err(ApplyError::Inconsistent(
+                    "held units differ from reserved units outside shadow mode",
+                ));
             }
             l.available_units = sub(l.available_units, *held_units)?;
             l.reserved_units = add(l.reserved_units, *held_units)?;
@@ -252,7 +291,11 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
         EventBody::AdmissionRefused { .. } => {
             commit = Box::new(|p| p.refusals += 1);
         }
-        EventBody::Started { id, operation_id, execution_deadline_ms } => {
+        EventBody::Started {
+            id,
+            operation_id,
+            execution_deadline_ms,
+        } => {
             p.check_move(id, ReservationState::Started)?;
             commit = Box::new(move |p| {
                 let r = p.record_mut(id).expect("checked");
@@ -278,16 +321,27 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
             };
             let r = p.check_move(id, to)?;
             if *from_usage_unknown != (r.state == ReservationState::UsageUnknown) {
-                return Err(ApplyError::Inconsistent("from_usage_unknown does not match the record"));
+                return Err(ApplyError::Inconsistent(
+                    "from_usage_unknown does not match the record",
+                ));
             }
             let held = r.held_units;
-            let paid = add(sub(held, *refunded_units)?, add(*from_available_units, *overdraft_units)?)?;
-            let refund_and_excess = *refunded_units > 0 && (*from_available_units > 0 || *overdraft_units > 0);
+            let paid = add(
+                sub(held, *refunded_units)?,
+                add(*from_available_units, *overdraft_units)?,
+            )?;
+            let refund_and_excess =
+                *refunded_units > 0 && (*from_available_units > 0 || *overdraft_units > 0);
             if paid != *actual_units || refund_and_excess {
-                return Err(ApplyError::Inconsistent("actual != held - refunded + from_available + overdraft"));
+                return Err(ApplyError::Inconsistent(
+                    "actual != held - refunded + from_available + overdraft",
+                ));
             }
             l.reserved_units = sub(l.reserved_units, held)?;
-            l.available_units = sub(add(l.available_units, *refunded_units)?, *from_available_units)?;
+            l.available_units = sub(
+                add(l.available_units, *refunded_units)?,
+                *from_available_units,
+            )?;
             l.spent_units = add(l.spent_units, *actual_units)?;
             l.overdraft_issued_units = add(l.overdraft_issued_units, *overdraft_units)?;
             let (actual, overdraft) = (*actual_units, *overdraft_units);
@@ -308,7 +362,9 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
             };
             let r = p.check_move(id, to)?;
             if *refunded_units != r.held_units {
-                return Err(ApplyError::Inconsistent("a release or expiry refunds exactly the held units"));
+                return Err(ApplyError::Inconsistent(
+                    "a release or expiry refunds exactly the held units",
+                ));
             }
             l.reserved_units = sub(l.reserved_units, *refunded_units)?;
             l.available_units = add(l.available_units, *refunded_units)?;
@@ -328,7 +384,13 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
             p.check_move(id, to)?;
             commit = Box::new(move |p| p.record_mut(id).expect("checked").state = to);
         }
-        EventBody::ShardIssued { shard_id, units, gateway_id, boot_epoch, expires_at_ms } => {
+        EventBody::ShardIssued {
+            shard_id,
+            units,
+            gateway_id,
+            boot_epoch,
+            expires_at_ms,
+        } => {
             if p.shards_issued.contains_key(shard_id) {
                 return Err(ApplyError::Inconsistent("shard issued twice"));
             }
@@ -344,13 +406,20 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
                 p.shards_issued.insert(shard_id.clone(), shard);
             });
         }
-        EventBody::ShardReminted { shard_id, source, units } => {
+        EventBody::ShardReminted {
+            shard_id,
+            source,
+            units,
+        } => {
             if p.shards_reminted.contains_key(shard_id) {
                 return Err(ApplyError::Inconsistent("shard reminted twice"));
             }
             l.reminted_units = add(l.reminted_units, *units)?;
             l.available_units = add(l.available_units, *units)?;
-            let rec = RemintedShard { source: source.clone(), units: *units };
+            let rec = RemintedShard {
+                source: source.clone(),
+                units: *units,
+            };
             commit = Box::new(move |p| {
                 p.shards_reminted.insert(shard_id.clone(), rec);
             });
@@ -358,26 +427,44 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
         EventBody::Closed => {
             commit = Box::new(|p| p.closed = true);
         }
-        EventBody::MovedOut { move_id, to, units, debt_units } => {
+        EventBody::MovedOut {
+            move_id,
+            to,
+            units,
+            debt_units,
+        } => {
             if p.moves_out.contains_key(move_id) {
                 return Err(ApplyError::Inconsistent("move out recorded twice"));
             }
             l.available_units = sub(l.available_units, *units)?;
             l.moved_out_units = add(l.moved_out_units, *units)?;
             l.debt_moved_out_units = add(l.debt_moved_out_units, *debt_units)?;
-            let m = Move { counterpart: to.clone(), units: *units, debt_units: *debt_units };
+            let m = Move {
+                counterpart: to.clone(),
+                units: *units,
+                debt_units: *debt_units,
+            };
             commit = Box::new(move |p| {
                 p.moves_out.insert(move_id.clone(), m);
             });
         }
-        EventBody::MovedIn { move_id, from, units, debt_units } => {
+        EventBody::MovedIn {
+            move_id,
+            from,
+            units,
+            debt_units,
+        } => {
             if p.moves_in.contains_key(move_id) {
                 return Err(ApplyError::Inconsistent("move in recorded twice"));
             }
             l.available_units = add(l.available_units, *units)?;
             l.moved_in_units = add(l.moved_in_units, *units)?;
             l.debt_moved_in_units = add(l.debt_moved_in_units, *debt_units)?;
-            let m = Move { counterpart: from.clone(), units: *units, debt_units: *debt_units };
+            let m = Move {
+                counterpart: from.clone(),
+                units: *units,
+                debt_units: *debt_units,
+            };
             commit = Box::new(move |p| {
                 p.moves_in.insert(move_id.clone(), m);
             });

@@ -152,7 +152,10 @@ impl Policy {
             route: route.to_string(),
             region: "eu-west-1".to_string(),
             capacity_unit: CapacityUnit::Tokens,
-            refill: RefillRule { units: 10_000, interval_ms: 60_000 },
+            refill: RefillRule {
+                units: 10_000,
+                interval_ms: 60_000,
+            },
             burst_units: 10_000,
             opening_units: 10_000,
             estimator_digest: String::new(),
@@ -180,7 +183,10 @@ mod tests {
     #[test]
     fn refill_credit_is_exact_over_many_small_steps() {
         // 100 units per 60 s, credited in 1 ms steps for a minute: exactly 100.
-        let rule = RefillRule { units: 100, interval_ms: 60_000 };
+        let rule = RefillRule {
+            units: 100,
+            interval_ms: 60_000,
+        };
         let (mut credited, mut remainder) = (0, 0);
         for t in 0..60_000u64 {
             let c = rule.credit(t, t + 1, remainder);
@@ -192,12 +198,18 @@ mod tests {
 
     #[test]
     fn time_to_credit_rounds_up_and_uses_remainder() {
-        let rule = RefillRule { units: 1_000, interval_ms: 60_000 };
+        let rule = RefillRule {
+            units: 1_000,
+            interval_ms: 60_000,
+        };
         // 1 unit takes 60 ms.
         assert_eq!(rule.time_to_credit(1, 0), Some(60));
         assert_eq!(rule.time_to_credit(1, 30_000), Some(30));
         assert_eq!(rule.time_to_credit(7, 0), Some(420));
-        let never = RefillRule { units: 0, interval_ms: 1 };
+        let never = RefillRule {
+            units: 0,
+            interval_ms: 1,
+        };
         assert_eq!(never.time_to_credit(1, 0), None);
     }
 }

@@ -49,8 +49,13 @@ pub enum Rejection {
         /// Conservative time until refill alone covers the shortfall; `None` if never.
         retry_after_ms: Option<u64>,
     },
-    #[error("request too large: {requested_units} units, at most {max_units} can ever be admitted")]
-    RequestTooLarge { requested_units: Units, max_units: Units },
+    #[error(
+        "request too large: {requested_units} units, at most {max_units} can ever be admitted"
+    )]
+    RequestTooLarge {
+        requested_units: Units,
+        max_units: Units,
+    },
     #[error("admission suspended: {debt_units} units of debt outstanding")]
     DebtOutstanding {
         debt_units: Units,
@@ -69,9 +74,15 @@ pub enum Rejection {
     #[error("reservation {id} was started under a different operation id")]
     ExistsWithDifferentOperationId { id: ReservationId },
     #[error("reservation {id} was already settled with {settled_units} units")]
-    ExistsWithDifferentActualUnits { id: ReservationId, settled_units: Units },
+    ExistsWithDifferentActualUnits {
+        id: ReservationId,
+        settled_units: Units,
+    },
     #[error("reservation {id}'s lease expired at {expires_at_ms} ms")]
-    LeaseExpired { id: ReservationId, expires_at_ms: u64 },
+    LeaseExpired {
+        id: ReservationId,
+        expires_at_ms: u64,
+    },
     #[error("reservation {id} is not due until {due_at_ms} ms")]
     NotYetDue { id: ReservationId, due_at_ms: u64 },
     #[error("policy generation {generation} is closed for admission")]
@@ -100,13 +111,19 @@ impl Rejection {
             Rejection::WrongState { .. } => "wrong_state",
             Rejection::UnknownReservation { .. } => "unknown_reservation",
             Rejection::ExistsWithDifferentDigest { .. } => "exists_with_different_digest",
-            Rejection::ExistsWithDifferentOperationId { .. } => "exists_with_different_operation_id",
-            Rejection::ExistsWithDifferentActualUnits { .. } => "exists_with_different_actual_units",
+            Rejection::ExistsWithDifferentOperationId { .. } => {
+                "exists_with_different_operation_id"
+            }
+            Rejection::ExistsWithDifferentActualUnits { .. } => {
+                "exists_with_different_actual_units"
+            }
             Rejection::LeaseExpired { .. } => "lease_expired",
             Rejection::NotYetDue { .. } => "not_yet_due",
             Rejection::GenerationClosed { .. } => "generation_closed",
             Rejection::PartitionNotOpen => "partition_not_open",
-            Rejection::PartitionExistsWithDifferentPolicy => "partition_exists_with_different_policy",
+            Rejection::PartitionExistsWithDifferentPolicy => {
+                "partition_exists_with_different_policy"
+            }
             Rejection::LimitReached { .. } => "limit_reached",
             Rejection::EmergencyDisabled => "emergency_disabled",
             Rejection::ExistsWithDifferentFields => "exists_with_different_fields",
