@@ -255,7 +255,13 @@ fn decide_open(
         Command::Expire { id } => {
             let r = record(partition, id)?;
             match r.state {
-                ReservationState::Expired | ReservationState::Expiring => Ok(vec![]),
+                ReservationState::Expired => Ok(vec![]),
+                // A log cut between ExpiryBegan and Expired (an older writer, a
+                // hand-repaired log) must not leave the hold stuck: finish the expiry.
+                ReservationState::Expiring => Ok(vec![EventBody::Expired {
+                    id: id.clone(),
+                    refunded_units: r.held_units,
+                }]),
                 ReservationState::Reserved if now < r.expires_at_ms => Err(Rejection::NotYetDue {
                     id: id.clone(),
                     due_at_ms: r.expires_at_ms,
