@@ -7,7 +7,8 @@
 use crate::command::Command;
 use crate::event::{Event, EventBody, RefusalReason};
 use crate::partition::{
-    Partition, MAX_MOVES_PER_PARTITION, MAX_RESERVATIONS_PER_PARTITION, MAX_SHARDS_PER_PARTITION,
+    ledger_effect, Partition, MAX_MOVES_PER_PARTITION, MAX_RESERVATIONS_PER_PARTITION,
+    MAX_SHARDS_PER_PARTITION,
 };
 use crate::policy::{EmergencyMode, Policy, MAX_UNITS};
 use crate::rejection::{InvalidInput, Rejection, Transition};
@@ -39,6 +40,15 @@ pub fn decide(
             decide_open(partition, policy, command, now_ms)
         }
     }?;
+    // The amounts are valid one by one; here their sums with the ledger terms are
+    // checked, so a total that would overflow is refused and never reaches `apply`
+    // (where it would crash). `decide` never under-runs a term, so an error here is
+    // always an overflow.
+    let mut ledger = partition.ledger;
+    for body in &bodies {
+        ledger_effect(&mut ledger, body).map_err(|_| InvalidInput::Overflow)?;
+    }
+    debug_assert_eq!(ledger.check(), Ok(()), "decide produced unbalanced events");
     Ok(stamp(partition, bodies, now_ms))
 }
 

@@ -153,13 +153,7 @@ impl Partition {
         Ok(p)
     }
 
-    fn record_mut(&mut self, id: &ReservationId) -> Result<&mut Reservation, ApplyError> {
-        self.reservations
-            .get_mut(id)
-            .ok_or_else(|| ApplyError::UnknownReservation(id.clone()))
-    }
-
-    /// Validates a state move of `id` and returns the record's held units.
+    /// Validates a state move of `id` and returns the record.
     fn check_move(
         &self,
         id: &ReservationId,
@@ -190,6 +184,11 @@ pub fn apply(partition: &mut Partition, event: &Event) {
 }
 
 /// Folds one event into state, or reports why it cannot, leaving state untouched.
+///
+/// Check, then commit: the event is validated against the records
+/// ([`check_records`]), the new ledger is computed in a copy ([`ledger_effect`])
+/// and checked for conservation, and only then is anything mutated ([`commit`],
+/// which cannot fail).
 pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
     let expected = p.last_sequence + 1;
     if event.sequence != expected {
@@ -207,12 +206,62 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
     if !p.is_open() && !matches!(event.body, EventBody::PartitionOpened { .. }) {
         return Err(ApplyError::NotOpen);
     }
+    check_records(p, &event.body)?;
     let mut l: Ledger = p.ledger;
-    // Commit step, run once every check passed. Reservation edits happen inside it.
-    let commit: Box<dyn FnOnce(&mut Partition) + '_>;
-    let at = event.at_ms;
+    ledger_effect(&mut l, &event.body)?;
+    if let (
+        EventBody::Refilled {
+            minted_units,
+            repaid_units,
+            ..
+        },
+        Some(policy),
+    ) = (&event.body, &p.policy)
+    {
+        // Refill credit above the burst is dropped, never minted: a refill that put
+        // anything into `available` must leave `available + reserved <= burst`.
+        let bucket = u128::from(l.available_units) + u128::from(l.reserved_units);
+        if minted_units > repaid_units && bucket > u128::from(policy.burst_units) {
+            return Err(ApplyError::Inconsistent(
+                "a refill lifted available + reserved above the burst",
+            ));
+        }
+    }
+    l.check()?;
+    commit(p, event);
+    p.ledger = l;
+    p.last_sequence = event.sequence;
+    p.last_at_ms = event.at_ms;
+    Ok(())
+}
 
-    match &event.body {
+/// The state a settlement ends in.
+fn settled_state(overdraft_units: Units) -> ReservationState {
+    if overdraft_units > 0 {
+        ReservationState::SettledWithDebt
+    } else {
+        ReservationState::Settled
+    }
+}
+
+/// The units a settlement releases from `reserved`, as the event states them:
+/// `held = actual + refunded − from_available − overdraft`.
+fn settled_held_units(
+    actual_units: Units,
+    refunded_units: Units,
+    from_available_units: Units,
+    overdraft_units: Units,
+) -> Result<Units, ApplyError> {
+    sub(
+        add(actual_units, refunded_units)?,
+        add(from_available_units, overdraft_units)?,
+    )
+}
+
+/// Everything about `body` that depends on the records (not the ledger): it names
+/// known reservations, moves them along allowed edges, and its amounts match them.
+fn check_records(p: &Partition, body: &EventBody) -> Result<(), ApplyError> {
+    match body {
         EventBody::PartitionOpened {
             key,
             policy,
@@ -227,35 +276,13 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
                     "opening units or generation differ from the policy",
                 ));
             }
-            l.opening_units = *opening_units;
-            l.available_units = *opening_units;
-            commit = Box::new(move |p| {
-                p.key = Some(key.clone());
-                p.policy = Some(policy.clone());
-                p.refill_anchor_ms = at;
-            });
-        }
-        EventBody::Refilled {
-            minted_units,
-            repaid_units,
-            remainder,
-        } => {
-            l.minted_units = add(l.minted_units, *minted_units)?;
-            l.overdraft_repaid_units = add(l.overdraft_repaid_units, *repaid_units)?;
-            l.available_units = add(l.available_units, sub(*minted_units, *repaid_units)?)?;
-            let remainder = *remainder;
-            commit = Box::new(move |p| {
-                p.refill_anchor_ms = at;
-                p.refill_remainder = remainder;
-            });
         }
         EventBody::Reserved {
             id,
-            digest,
             reserved_units,
             held_units,
-            expires_at_ms,
             shadow,
+            ..
         } => {
             if p.reservations.contains_key(id) {
                 return Err(ApplyError::DuplicateReservation(id.clone()));
@@ -265,9 +292,186 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
                     "held units differ from reserved units outside shadow mode",
                 ));
             }
+        }
+        EventBody::Started { id, .. } => {
+            p.check_move(id, ReservationState::Started)?;
+        }
+        EventBody::Settled {
+            id,
+            actual_units,
+            refunded_units,
+            from_available_units,
+            overdraft_units,
+            overdraft_limit_breached: _,
+            from_usage_unknown,
+        } => {
+            let r = p.check_move(id, settled_state(*overdraft_units))?;
+            if *from_usage_unknown != (r.state == ReservationState::UsageUnknown) {
+                return Err(ApplyError::Inconsistent(
+                    "from_usage_unknown does not match the record",
+                ));
+            }
+            let held = settled_held_units(
+                *actual_units,
+                *refunded_units,
+                *from_available_units,
+                *overdraft_units,
+            );
+            let refund_and_excess =
+                *refunded_units > 0 && (*from_available_units > 0 || *overdraft_units > 0);
+            if held != Ok(r.held_units) || refund_and_excess {
+                return Err(ApplyError::Inconsistent(
+                    "actual != held - refunded + from_available + overdraft",
+                ));
+            }
+        }
+        EventBody::Released { id, refunded_units } | EventBody::Expired { id, refunded_units } => {
+            let to = if matches!(body, EventBody::Released { .. }) {
+                ReservationState::Released
+            } else {
+                ReservationState::Expired
+            };
+            if *refunded_units != p.check_move(id, to)?.held_units {
+                return Err(ApplyError::Inconsistent(
+                    "a release or expiry refunds exactly the held units",
+                ));
+            }
+        }
+        EventBody::ExpiryBegan { id } => {
+            p.check_move(id, ReservationState::Expiring)?;
+        }
+        EventBody::UsageUnknown { id } => {
+            p.check_move(id, ReservationState::UsageUnknown)?;
+        }
+        EventBody::ShardIssued { shard_id, .. } if p.shards_issued.contains_key(shard_id) => {
+            return Err(ApplyError::Inconsistent("shard issued twice"));
+        }
+        EventBody::ShardReminted { shard_id, .. } if p.shards_reminted.contains_key(shard_id) => {
+            return Err(ApplyError::Inconsistent("shard reminted twice"));
+        }
+        EventBody::MovedOut { move_id, .. } if p.moves_out.contains_key(move_id) => {
+            return Err(ApplyError::Inconsistent("move out recorded twice"));
+        }
+        EventBody::MovedIn { move_id, .. } if p.moves_in.contains_key(move_id) => {
+            return Err(ApplyError::Inconsistent("move in recorded twice"));
+        }
+        EventBody::Refilled { .. }
+        | EventBody::AdmissionRefused { .. }
+        | EventBody::ShardIssued { .. }
+        | EventBody::ShardReminted { .. }
+        | EventBody::Closed
+        | EventBody::MovedOut { .. }
+        | EventBody::MovedIn { .. } => {}
+    }
+    Ok(())
+}
+
+/// What `body` does to the ledger terms, from the amounts written in it alone.
+/// Every step is checked: a term that would overflow or go below zero is an error.
+/// `decide` runs it too, so an amount that would overflow is refused as a command
+/// instead of reaching `apply`.
+pub fn ledger_effect(l: &mut Ledger, body: &EventBody) -> Result<(), ApplyError> {
+    match body {
+        EventBody::PartitionOpened { opening_units, .. } => {
+            l.opening_units = *opening_units;
+            l.available_units = *opening_units;
+        }
+        EventBody::Refilled {
+            minted_units,
+            repaid_units,
+            ..
+        } => {
+            l.minted_units = add(l.minted_units, *minted_units)?;
+            l.overdraft_repaid_units = add(l.overdraft_repaid_units, *repaid_units)?;
+            l.available_units = add(l.available_units, sub(*minted_units, *repaid_units)?)?;
+        }
+        EventBody::Reserved { held_units, .. } => {
             l.available_units = sub(l.available_units, *held_units)?;
             l.reserved_units = add(l.reserved_units, *held_units)?;
-            let record = Reservation {
+        }
+        EventBody::Settled {
+            actual_units,
+            refunded_units,
+            from_available_units,
+            overdraft_units,
+            ..
+        } => {
+            let held = settled_held_units(
+                *actual_units,
+                *refunded_units,
+                *from_available_units,
+                *overdraft_units,
+            )?;
+            l.reserved_units = sub(l.reserved_units, held)?;
+            l.available_units = sub(
+                add(l.available_units, *refunded_units)?,
+                *from_available_units,
+            )?;
+            l.spent_units = add(l.spent_units, *actual_units)?;
+            l.overdraft_issued_units = add(l.overdraft_issued_units, *overdraft_units)?;
+        }
+        EventBody::Released { refunded_units, .. } | EventBody::Expired { refunded_units, .. } => {
+            l.reserved_units = sub(l.reserved_units, *refunded_units)?;
+            l.available_units = add(l.available_units, *refunded_units)?;
+        }
+        EventBody::ShardIssued { units, .. } => {
+            l.available_units = sub(l.available_units, *units)?;
+            l.retired_for_emergency_units = add(l.retired_for_emergency_units, *units)?;
+        }
+        EventBody::ShardReminted { units, .. } => {
+            l.reminted_units = add(l.reminted_units, *units)?;
+            l.available_units = add(l.available_units, *units)?;
+        }
+        EventBody::MovedOut {
+            units, debt_units, ..
+        } => {
+            l.available_units = sub(l.available_units, *units)?;
+            l.moved_out_units = add(l.moved_out_units, *units)?;
+            l.debt_moved_out_units = add(l.debt_moved_out_units, *debt_units)?;
+        }
+        EventBody::MovedIn {
+            units, debt_units, ..
+        } => {
+            l.available_units = add(l.available_units, *units)?;
+            l.moved_in_units = add(l.moved_in_units, *units)?;
+            l.debt_moved_in_units = add(l.debt_moved_in_units, *debt_units)?;
+        }
+        EventBody::AdmissionRefused { .. }
+        | EventBody::Started { .. }
+        | EventBody::ExpiryBegan { .. }
+        | EventBody::UsageUnknown { .. }
+        | EventBody::Closed => {}
+    }
+    Ok(())
+}
+
+fn record<'p>(p: &'p mut Partition, id: &ReservationId) -> &'p mut Reservation {
+    p.reservations.get_mut(id).expect("checked before commit")
+}
+
+/// The mutation of everything but the ledger. Runs only after every check passed,
+/// so the record lookups cannot fail.
+fn commit(p: &mut Partition, event: &Event) {
+    let at = event.at_ms;
+    match &event.body {
+        EventBody::PartitionOpened { key, policy, .. } => {
+            p.key = Some(key.clone());
+            p.policy = Some(policy.clone());
+            p.refill_anchor_ms = at;
+        }
+        EventBody::Refilled { remainder, .. } => {
+            p.refill_anchor_ms = at;
+            p.refill_remainder = *remainder;
+        }
+        EventBody::Reserved {
+            id,
+            digest,
+            reserved_units,
+            held_units,
+            expires_at_ms,
+            shadow,
+        } => {
+            let reservation = Reservation {
                 id: id.clone(),
                 digest: *digest,
                 reserved_units: *reserved_units,
@@ -283,107 +487,47 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
                 finished_at_ms: None,
                 shadow: *shadow,
             };
-            commit = Box::new(move |p| {
-                p.reservations.insert(record.id.clone(), record);
-                p.open_reservations += 1;
-            });
+            p.reservations.insert(id.clone(), reservation);
+            p.open_reservations += 1;
         }
-        EventBody::AdmissionRefused { .. } => {
-            commit = Box::new(|p| p.refusals += 1);
-        }
+        EventBody::AdmissionRefused { .. } => p.refusals += 1,
         EventBody::Started {
             id,
             operation_id,
             execution_deadline_ms,
         } => {
-            p.check_move(id, ReservationState::Started)?;
-            commit = Box::new(move |p| {
-                let r = p.record_mut(id).expect("checked");
-                r.state = ReservationState::Started;
-                r.operation_id = Some(operation_id.clone());
-                r.started_at_ms = Some(at);
-                r.execution_deadline_ms = Some(*execution_deadline_ms);
-            });
+            let r = record(p, id);
+            r.state = ReservationState::Started;
+            r.operation_id = Some(operation_id.clone());
+            r.started_at_ms = Some(at);
+            r.execution_deadline_ms = Some(*execution_deadline_ms);
         }
         EventBody::Settled {
             id,
             actual_units,
-            refunded_units,
-            from_available_units,
             overdraft_units,
-            overdraft_limit_breached: _,
-            from_usage_unknown,
+            ..
         } => {
-            let to = if *overdraft_units > 0 {
-                ReservationState::SettledWithDebt
-            } else {
-                ReservationState::Settled
-            };
-            let r = p.check_move(id, to)?;
-            if *from_usage_unknown != (r.state == ReservationState::UsageUnknown) {
-                return Err(ApplyError::Inconsistent(
-                    "from_usage_unknown does not match the record",
-                ));
-            }
-            let held = r.held_units;
-            let paid = add(
-                sub(held, *refunded_units)?,
-                add(*from_available_units, *overdraft_units)?,
-            )?;
-            let refund_and_excess =
-                *refunded_units > 0 && (*from_available_units > 0 || *overdraft_units > 0);
-            if paid != *actual_units || refund_and_excess {
-                return Err(ApplyError::Inconsistent(
-                    "actual != held - refunded + from_available + overdraft",
-                ));
-            }
-            l.reserved_units = sub(l.reserved_units, held)?;
-            l.available_units = sub(
-                add(l.available_units, *refunded_units)?,
-                *from_available_units,
-            )?;
-            l.spent_units = add(l.spent_units, *actual_units)?;
-            l.overdraft_issued_units = add(l.overdraft_issued_units, *overdraft_units)?;
-            let (actual, overdraft) = (*actual_units, *overdraft_units);
-            commit = Box::new(move |p| {
-                let r = p.record_mut(id).expect("checked");
-                r.state = to;
-                r.actual_units = Some(actual);
-                r.overdraft_units = overdraft;
-                r.finished_at_ms = Some(at);
-                p.open_reservations -= 1;
-            });
+            let r = record(p, id);
+            r.state = settled_state(*overdraft_units);
+            r.actual_units = Some(*actual_units);
+            r.overdraft_units = *overdraft_units;
+            r.finished_at_ms = Some(at);
+            p.open_reservations -= 1;
         }
-        EventBody::Released { id, refunded_units } | EventBody::Expired { id, refunded_units } => {
+        EventBody::Released { id, .. } | EventBody::Expired { id, .. } => {
             let to = if matches!(event.body, EventBody::Released { .. }) {
                 ReservationState::Released
             } else {
                 ReservationState::Expired
             };
-            let r = p.check_move(id, to)?;
-            if *refunded_units != r.held_units {
-                return Err(ApplyError::Inconsistent(
-                    "a release or expiry refunds exactly the held units",
-                ));
-            }
-            l.reserved_units = sub(l.reserved_units, *refunded_units)?;
-            l.available_units = add(l.available_units, *refunded_units)?;
-            commit = Box::new(move |p| {
-                let r = p.record_mut(id).expect("checked");
-                r.state = to;
-                r.finished_at_ms = Some(at);
-                p.open_reservations -= 1;
-            });
+            let r = record(p, id);
+            r.state = to;
+            r.finished_at_ms = Some(at);
+            p.open_reservations -= 1;
         }
-        EventBody::ExpiryBegan { id } | EventBody::UsageUnknown { id } => {
-            let to = if matches!(event.body, EventBody::ExpiryBegan { .. }) {
-                ReservationState::Expiring
-            } else {
-                ReservationState::UsageUnknown
-            };
-            p.check_move(id, to)?;
-            commit = Box::new(move |p| p.record_mut(id).expect("checked").state = to);
-        }
+        EventBody::ExpiryBegan { id } => record(p, id).state = ReservationState::Expiring,
+        EventBody::UsageUnknown { id } => record(p, id).state = ReservationState::UsageUnknown,
         EventBody::ShardIssued {
             shard_id,
             units,
@@ -391,62 +535,38 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
             boot_epoch,
             expires_at_ms,
         } => {
-            if p.shards_issued.contains_key(shard_id) {
-                return Err(ApplyError::Inconsistent("shard issued twice"));
-            }
-            l.available_units = sub(l.available_units, *units)?;
-            l.retired_for_emergency_units = add(l.retired_for_emergency_units, *units)?;
             let shard = IssuedShard {
                 units: *units,
                 gateway_id: gateway_id.clone(),
                 boot_epoch: *boot_epoch,
                 expires_at_ms: *expires_at_ms,
             };
-            commit = Box::new(move |p| {
-                p.shards_issued.insert(shard_id.clone(), shard);
-            });
+            p.shards_issued.insert(shard_id.clone(), shard);
         }
         EventBody::ShardReminted {
             shard_id,
             source,
             units,
         } => {
-            if p.shards_reminted.contains_key(shard_id) {
-                return Err(ApplyError::Inconsistent("shard reminted twice"));
-            }
-            l.reminted_units = add(l.reminted_units, *units)?;
-            l.available_units = add(l.available_units, *units)?;
             let rec = RemintedShard {
                 source: source.clone(),
                 units: *units,
             };
-            commit = Box::new(move |p| {
-                p.shards_reminted.insert(shard_id.clone(), rec);
-            });
+            p.shards_reminted.insert(shard_id.clone(), rec);
         }
-        EventBody::Closed => {
-            commit = Box::new(|p| p.closed = true);
-        }
+        EventBody::Closed => p.closed = true,
         EventBody::MovedOut {
             move_id,
             to,
             units,
             debt_units,
         } => {
-            if p.moves_out.contains_key(move_id) {
-                return Err(ApplyError::Inconsistent("move out recorded twice"));
-            }
-            l.available_units = sub(l.available_units, *units)?;
-            l.moved_out_units = add(l.moved_out_units, *units)?;
-            l.debt_moved_out_units = add(l.debt_moved_out_units, *debt_units)?;
             let m = Move {
                 counterpart: to.clone(),
                 units: *units,
                 debt_units: *debt_units,
             };
-            commit = Box::new(move |p| {
-                p.moves_out.insert(move_id.clone(), m);
-            });
+            p.moves_out.insert(move_id.clone(), m);
         }
         EventBody::MovedIn {
             move_id,
@@ -454,27 +574,12 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
             units,
             debt_units,
         } => {
-            if p.moves_in.contains_key(move_id) {
-                return Err(ApplyError::Inconsistent("move in recorded twice"));
-            }
-            l.available_units = add(l.available_units, *units)?;
-            l.moved_in_units = add(l.moved_in_units, *units)?;
-            l.debt_moved_in_units = add(l.debt_moved_in_units, *debt_units)?;
             let m = Move {
                 counterpart: from.clone(),
                 units: *units,
                 debt_units: *debt_units,
             };
-            commit = Box::new(move |p| {
-                p.moves_in.insert(move_id.clone(), m);
-            });
+            p.moves_in.insert(move_id.clone(), m);
         }
     }
-
-    l.check()?;
-    commit(p);
-    p.ledger = l;
-    p.last_sequence = event.sequence;
-    p.last_at_ms = at;
-    Ok(())
 }

@@ -4,10 +4,25 @@
 //! conservation invariants after every applied event and, when it is dropped, that
 //! replaying the recorded events from scratch reproduces the live state.
 
+// Table rows are tuples, one column per input and the expected result last.
+#![allow(clippy::type_complexity)]
+
 #[path = "core/harness.rs"]
 mod harness;
 
+#[path = "core/idempotency.rs"]
+mod idempotency;
+#[path = "core/invalid.rs"]
+mod invalid;
+#[path = "core/lifecycle.rs"]
+mod lifecycle;
+#[path = "core/overdraft.rs"]
+mod overdraft;
 #[path = "core/rejections.rs"]
 mod rejections;
+#[path = "core/shards_moves.rs"]
+mod shards_moves;
+#[path = "core/tamper.rs"]
+mod tamper;
 #[path = "core/transitions.rs"]
 mod transitions;
