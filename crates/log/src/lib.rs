@@ -17,6 +17,7 @@
 
 use std::future::Future;
 
+pub mod codec;
 pub mod fence;
 
 use reservoir_core::{Event, PartitionKey};
@@ -60,7 +61,10 @@ pub enum LogEntry {
 #[derive(Debug, Error)]
 pub enum LogError {
     #[error("fenced: writer {writer_id} lost log partition {log_partition} to a newer claim")]
-    Fenced { writer_id: String, log_partition: u32 },
+    Fenced {
+        writer_id: String,
+        log_partition: u32,
+    },
     #[error("log unavailable: {0}")]
     Unavailable(String),
     #[error("timed out: {0}")]
@@ -75,7 +79,10 @@ pub enum LogError {
 
 impl LogError {
     pub fn transient(&self) -> bool {
-        matches!(self, LogError::Fenced { .. } | LogError::Unavailable(_) | LogError::Timeout(_))
+        matches!(
+            self,
+            LogError::Fenced { .. } | LogError::Unavailable(_) | LogError::Timeout(_)
+        )
     }
 }
 
@@ -91,7 +98,10 @@ pub trait EventLog: Send + Sync + 'static {
     /// Number of log partitions.
     fn log_partitions(&self) -> u32;
 
-    fn append(&self, batch: Vec<Record>) -> impl Future<Output = Result<Vec<Position>, LogError>> + Send;
+    fn append(
+        &self,
+        batch: Vec<Record>,
+    ) -> impl Future<Output = Result<Vec<Position>, LogError>> + Send;
 
     /// Entries of one log partition from `from_offset`, at most `max` of them,
     /// in order. Returns fewer (possibly none) at the end of the log.

@@ -1,0 +1,185 @@
+//! Entries for the tests: one of every event type, and records of a given shape.
+
+use reservoir_core::{
+    Event, EventBody, MoveId, OperationId, PartitionKey, Policy, RefusalReason, RequestDigest,
+    ReservationId, ShadowVerdict, ShardId,
+};
+use reservoir_log::{Claim, LogEntry, Record};
+
+pub fn key(subject: &str) -> PartitionKey {
+    PartitionKey::new(subject, "chat.generate", "2026-07-19T14:00Z", 31).unwrap()
+}
+
+fn rid(s: &str) -> ReservationId {
+    ReservationId::new(s).unwrap()
+}
+
+/// One body of every `EventBody` variant, with non-trivial values (options set
+/// and unset, extreme-but-legal numbers). The match in `variant_guard` fails to
+/// compile when core gains a variant, pointing here.
+pub fn every_body() -> Vec<EventBody> {
+    let bodies = vec![
+        EventBody::PartitionOpened {
+            key: key("tenant-7"),
+            policy: Policy::example("tenant-7", "chat.generate", 31),
+            opening_units: 10_000,
+        },
+        EventBody::Refilled {
+            minted_units: 167,
+            repaid_units: 17,
+            remainder: 59_999,
+        },
+        EventBody::Reserved {
+            id: rid("rl-01J"),
+            digest: RequestDigest([0x71; 32]),
+            reserved_units: 600,
+            held_units: 600,
+            expires_at_ms: 1_784_469_780_000,
+            shadow: None,
+        },
+        EventBody::Reserved {
+            id: rid("rl-02"),
+            digest: RequestDigest(core::array::from_fn(|i| i as u8)),
+            reserved_units: 9_000,
+            held_units: 0,
+            expires_at_ms: i64::MAX as u64,
+            shadow: Some(ShadowVerdict::WouldRefuseInsufficientCapacity),
+        },
+        EventBody::AdmissionRefused {
+            id: rid("rl-03"),
+            requested_units: 12_000,
+            reason: RefusalReason::RequestTooLarge,
+            retry_after_ms: None,
+        },
+        EventBody::AdmissionRefused {
+            id: rid("rl-04"),
+            requested_units: 1,
+            reason: RefusalReason::DebtOutstanding,
+            retry_after_ms: Some(2_500),
+        },
+        EventBody::Started {
+            id: rid("rl-01J"),
+            operation_id: OperationId::new("op-1").unwrap(),
+            execution_deadline_ms: 1_784_470_200_000,
+        },
+        EventBody::Settled {
+            id: rid("rl-01J"),
+            actual_units: 800,
+            refunded_units: 0,
+            from_available_units: 150,
+            overdraft_units: 50,
+            overdraft_limit_breached: true,
+            from_usage_unknown: false,
+        },
+        EventBody::Released {
+            id: rid("rl-05"),
+            refunded_units: 300,
+        },
+        EventBody::ExpiryBegan { id: rid("rl-06") },
+        EventBody::Expired {
+            id: rid("rl-06"),
+            refunded_units: 200,
+        },
+        EventBody::UsageUnknown { id: rid("rl-07") },
+        EventBody::ShardIssued {
+            shard_id: ShardId::new("shard-1").unwrap(),
+            units: 500,
+            gateway_id: "gw-eu-1".to_string(),
+            boot_epoch: 4,
+            expires_at_ms: 1_784_470_000_000,
+        },
+        EventBody::ShardReminted {
+            shard_id: ShardId::new("shard-1").unwrap(),
+            source: PartitionKey::new("tenant-7", "chat.generate", "2026-07-19T14:00Z", 30)
+                .unwrap(),
+            units: 120,
+        },
+        EventBody::Closed,
+        EventBody::MovedOut {
+            move_id: MoveId::new("mv-1").unwrap(),
+            to: PartitionKey::new("tenant-7", "chat.generate", "2026-07-19T15:00Z", 31).unwrap(),
+            units: 4_000,
+            debt_units: 0,
+        },
+        EventBody::MovedIn {
+            move_id: MoveId::new("mv-0").unwrap(),
+            from: PartitionKey::new("tenant-7", "chat.generate", "2026-07-19T13:00Z", 31).unwrap(),
+            units: 3_000,
+            debt_units: 25,
+        },
+    ];
+    for b in &bodies {
+        variant_guard(b);
+    }
+    bodies
+}
+
+fn variant_guard(body: &EventBody) {
+    match body {
+        EventBody::PartitionOpened { .. }
+        | EventBody::Refilled { .. }
+        | EventBody::Reserved { .. }
+        | EventBody::AdmissionRefused { .. }
+        | EventBody::Started { .. }
+        | EventBody::Settled { .. }
+        | EventBody::Released { .. }
+        | EventBody::ExpiryBegan { .. }
+        | EventBody::Expired { .. }
+        | EventBody::UsageUnknown { .. }
+        | EventBody::ShardIssued { .. }
+        | EventBody::ShardReminted { .. }
+        | EventBody::Closed
+        | EventBody::MovedOut { .. }
+        | EventBody::MovedIn { .. } => {}
+    }
+}
+
+/// A record of `events` small events (Reserved / Released alternating) for one
+/// partition, sequences from `first_sequence`.
+pub fn record(
+    subject: &str,
+    writer: &str,
+    claim_epoch: u64,
+    first_sequence: u64,
+    events: usize,
+) -> Record {
+    let events = (0..events as u64)
+        .map(|i| {
+            let sequence = first_sequence + i;
+            let id = rid(&format!("r-{sequence}"));
+            let body = if i % 2 == 0 {
+                EventBody::Reserved {
+                    id,
+                    digest: RequestDigest([sequence as u8; 32]),
+                    reserved_units: 600,
+                    held_units: 600,
+                    expires_at_ms: 1_784_469_780_000 + sequence,
+                    shadow: None,
+                }
+            } else {
+                EventBody::Released {
+                    id,
+                    refunded_units: 600,
+                }
+            };
+            Event {
+                sequence,
+                at_ms: 1_784_469_600_000 + sequence,
+                body,
+            }
+        })
+        .collect();
+    Record {
+        key: key(subject),
+        writer_id: writer.to_string(),
+        claim_epoch,
+        events,
+    }
+}
+
+pub fn claim(writer: &str, epoch: u64) -> LogEntry {
+    LogEntry::Claim(Claim {
+        writer_id: writer.to_string(),
+        epoch,
+    })
+}
