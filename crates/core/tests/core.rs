@@ -16,6 +16,8 @@ mod idempotency;
 mod invalid;
 #[path = "core/lifecycle.rs"]
 mod lifecycle;
+#[path = "core/model.rs"]
+mod model;
 #[path = "core/overdraft.rs"]
 mod overdraft;
 #[path = "core/rejections.rs"]
