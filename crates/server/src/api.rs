@@ -1,0 +1,738 @@
+//! The HTTP API (axum) and its OpenAPI 3 description, generated from the code
+//! below by `utoipa` and served at `/openapi.json`.
+//!
+//! Handlers validate and translate; they never decide. Each write becomes one
+//! [`Request`] to the shard that owns the partition, and the answer comes back
+//! only after the writer's batch is durable in the log, carrying its position.
+//! Bodies are read by [`ApiJson`], which turns every way a body can be wrong into
+//! a problem+json answer (see [`crate::problem`] for the status table).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use reservoir_core::{Command, OperationId, PartitionKey, Policy, RequestDigest, ReservationId};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use utoipa::{OpenApi, ToSchema};
+
+use crate::problem::{ApiError, Problem};
+use crate::writer::{Answer, LogPosition, PartitionView, Receipt, Request, Writers};
+
+/// Shared by every handler. The writers appear once recovery finished.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    writers: OnceLock<Writers>,
+    ready: AtomicBool,
+    metrics: PrometheusHandle,
+}
+
+impl AppState {
+    pub fn new(metrics: PrometheusHandle) -> Self {
+        AppState {
+            inner: Arc::new(Inner {
+                writers: OnceLock::new(),
+                ready: AtomicBool::new(false),
+                metrics,
+            }),
+        }
+    }
+
+    /// Called once, when recovery is done: from now on `/readyz` is 200.
+    pub fn set_ready(&self, writers: Writers) {
+        let _ = self.inner.writers.set(writers);
+        self.inner.ready.store(true, Ordering::Release);
+    }
+
+    pub fn set_not_ready(&self) {
+        self.inner.ready.store(false, Ordering::Release);
+    }
+
+    fn writers(&self) -> Result<&Writers, ApiError> {
+        match (
+            self.inner.ready.load(Ordering::Acquire),
+            self.inner.writers.get(),
+        ) {
+            (true, Some(w)) => Ok(w),
+            _ => Err(not_ready()),
+        }
+    }
+}
+
+fn not_ready() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "recovering the ledger from the log",
+    );
+    e.retry_after_s = Some(1);
+    e
+}
+
+/// The router, with the body limit applied to every route.
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/policies", post(publish_policy))
+        .route("/v1/policies/{subject}/{route}", get(get_policy))
+        .route("/v1/reservations", post(reserve))
+        .route("/v1/reservations/{id}", get(get_reservation))
+        .route("/v1/reservations/{id}/start", post(start))
+        .route("/v1/reservations/{id}/settle", post(settle))
+        .route("/v1/reservations/{id}/release", post(release))
+        .route("/v1/partitions", get(list_partitions))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this resource",
+            )
+        })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+            .into_response()
+        }))
+        .with_state(state)
+}
+
+// ---------------------------------------------------------------- bodies
+
+/// A JSON body, read with the configured size limit. Empty bodies count as `{}`.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+            let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+            let json = ct.starts_with("application/json")
+                || (ct.starts_with("application/") && ct.contains("+json"));
+            if !json {
+                return Err(ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    "send application/json",
+                ));
+            }
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "request body is above the size limit",
+                )
+            } else {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "malformed_json",
+                    format!("cannot read body: {e}"),
+                )
+            }
+        })?;
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(bytes)
+            .map(ApiJson)
+            .map_err(|e| match e.classify() {
+                serde_json::error::Category::Data => ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_request",
+                    e.to_string(),
+                ),
+                _ => ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()),
+            })
+    }
+}
+
+/// `POST /v1/policies`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishPolicy {
+    /// Accounting window the new partition belongs to, e.g. `2026-11`.
+    #[schema(example = "2026-11")]
+    pub accounting_epoch: String,
+    #[schema(value_type = PolicyDoc)]
+    pub policy: Policy,
+}
+
+/// The identity of a ledger partition.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct PartitionKeyView {
+    pub subject: String,
+    pub route: String,
+    pub accounting_epoch: String,
+    pub policy_generation: u64,
+}
+
+impl From<&PartitionKey> for PartitionKeyView {
+    fn from(k: &PartitionKey) -> Self {
+        PartitionKeyView {
+            subject: k.subject.clone(),
+            route: k.route.clone(),
+            accounting_epoch: k.accounting_epoch.clone(),
+            policy_generation: k.policy_generation,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+pub struct PublishedPolicy {
+    pub partition_key: PartitionKeyView,
+    /// Where the partition was opened (absent only for a re-publish of a partition
+    /// opened before this process kept positions, which cannot happen today).
+    pub log_position: Option<LogPosition>,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+pub struct ActivePolicy {
+    pub partition_key: PartitionKeyView,
+    pub accounting_epoch: String,
+    #[schema(value_type = PolicyDoc)]
+    pub policy: Policy,
+}
+
+/// `POST /v1/reservations`. The id may come from the `Idempotency-Key` header instead.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReserveBody {
+    #[schema(example = "rl-01J8Z")]
+    pub id: Option<String>,
+    #[schema(example = "tenant-7")]
+    pub subject: String,
+    #[schema(example = "chat.generate")]
+    pub route: String,
+    #[schema(example = 600)]
+    pub units: u64,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartBody {
+    pub operation_id: String,
+}
+
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettleBody {
+    pub actual_units: u64,
+    /// Required to resolve USAGE_UNKNOWN (the operation receipt); else optional.
+    pub operation_id: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {}
+
+/// Documentation mirror of `reservoir_core::Policy` (`admissionBudget.v1`); a test
+/// checks that its fields are exactly the core type's serde fields.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+pub struct PolicyDoc {
+    subject: String,
+    route: String,
+    region: String,
+    capacity_unit: CapacityUnitDoc,
+    refill: RefillRuleDoc,
+    burst_units: u64,
+    opening_units: u64,
+    estimator_digest: String,
+    max_reservation_units: u64,
+    hold_ttl_ms: u64,
+    hard_execution_limit_ms: u64,
+    max_overdraft_units: u64,
+    priority: u32,
+    emergency_mode: EmergencyModeDoc,
+    shadow_mode: bool,
+    generation: u64,
+}
+
+#[allow(dead_code)]
+#[derive(ToSchema)]
+pub struct RefillRuleDoc {
+    units: u64,
+    interval_ms: u64,
+}
+
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum CapacityUnitDoc {
+    Tokens,
+    Requests,
+}
+
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum EmergencyModeDoc {
+    Disabled,
+    Enabled,
+}
+
+/// sha256 over the canonical request: a version tag and subject, route and units
+/// separated by newlines (none can contain one: ids are `[A-Za-z0-9._:/@-]`).
+pub fn request_digest(subject: &str, route: &str, units: u64) -> RequestDigest {
+    let canonical = format!("reservoir.reserve.v1\n{subject}\n{route}\n{units}");
+    RequestDigest(Sha256::digest(canonical.as_bytes()).into())
+}
+
+fn reservation_id(raw: &str) -> Result<ReservationId, ApiError> {
+    ReservationId::new(raw).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_id",
+            e.to_string(),
+        )
+    })
+}
+
+fn path_id(path: Result<Path<String>, PathRejection>) -> Result<ReservationId, ApiError> {
+    let Path(raw) =
+        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
+    reservation_id(&raw)
+}
+
+fn receipt_response(answer: Answer) -> Result<Response, ApiError> {
+    match answer {
+        Answer::Receipt { receipt, created } => {
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok((status, Json(*receipt)).into_response())
+        }
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected answer {other:?}"),
+        )),
+    }
+}
+
+// ---------------------------------------------------------------- handlers
+
+/// Publish a policy generation; it becomes the active one for its subject and route.
+#[utoipa::path(post, path = "/v1/policies", request_body = PublishPolicy,
+    responses(
+        (status = 201, description = "Partition opened under the policy", body = PublishedPolicy),
+        (status = 200, description = "Already published with the same policy", body = PublishedPolicy),
+        (status = 409, description = "Partition exists with a different policy", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid policy", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn publish_policy(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<PublishPolicy>,
+) -> Result<Response, ApiError> {
+    let writers = state.writers()?;
+    let p = &body.policy;
+    let key = PartitionKey::new(
+        p.subject.clone(),
+        p.route.clone(),
+        body.accounting_epoch.clone(),
+        p.generation,
+    )
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            e.to_string(),
+        )
+    })?;
+    let shard = writers.shard_of_key(&key);
+    match writers
+        .call(
+            shard,
+            Request::Publish {
+                key,
+                policy: body.policy,
+            },
+        )
+        .await?
+    {
+        Answer::Published {
+            key,
+            created,
+            log_position,
+        } => {
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok((
+                status,
+                Json(PublishedPolicy {
+                    partition_key: (&key).into(),
+                    log_position,
+                }),
+            )
+                .into_response())
+        }
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected answer {other:?}"),
+        )),
+    }
+}
+
+/// The active policy of a subject and route, with its accounting epoch.
+#[utoipa::path(get, path = "/v1/policies/{subject}/{route}",
+    params(("subject" = String, Path), ("route" = String, Path, description = "percent-encode any `/`")),
+    responses(
+        (status = 200, body = ActivePolicy),
+        (status = 404, description = "No policy published", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_policy(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let writers = state.writers()?;
+    let Path((subject, route)) =
+        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
+    let shard = reservoir_core::PartitionKey::new(subject.clone(), route.clone(), "e", 0)
+        .map(|k| writers.shard_of_key(&k))
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_input",
+                e.to_string(),
+            )
+        })?;
+    match writers
+        .call(shard, Request::GetPolicy { subject, route })
+        .await?
+    {
+        Answer::Policy { key, policy } => Ok(Json(ActivePolicy {
+            partition_key: (&key).into(),
+            accounting_epoch: key.accounting_epoch.clone(),
+            policy: *policy,
+        })
+        .into_response()),
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected answer {other:?}"),
+        )),
+    }
+}
+
+/// Reserve capacity. Idempotent on the id: the same id and body answer the same receipt.
+#[utoipa::path(post, path = "/v1/reservations", request_body = ReserveBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "the reservation id, if not in the body")),
+    responses(
+        (status = 201, description = "Reserved", body = Receipt),
+        (status = 200, description = "A retry: the original receipt", body = Receipt),
+        (status = 429, description = "Limit refusal; see Retry-After", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "seconds, rounded up"))),
+        (status = 422, description = "Request too large for the policy, same id with another request, or invalid input", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No policy for the subject and route", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Log unavailable: retry with the same id", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn reserve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<ReserveBody>,
+) -> Result<Response, ApiError> {
+    let writers = state.writers()?;
+    let header_id = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| {
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "invalid_id",
+                        "Idempotency-Key is not ASCII",
+                    )
+                })?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let raw_id = match (body.id, header_id) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_id",
+                "body id and Idempotency-Key differ",
+            ));
+        }
+        (Some(a), _) | (None, Some(a)) => a,
+        (None, None) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_id",
+                "give an id or an Idempotency-Key",
+            ));
+        }
+    };
+    let id = reservation_id(&raw_id)?;
+    let key = PartitionKey::new(body.subject.clone(), body.route.clone(), "e", 0).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            e.to_string(),
+        )
+    })?;
+    let digest = request_digest(&body.subject, &body.route, body.units);
+    let shard = match writers.locate(&id) {
+        Some(existing) => writers.shard_of_key(&existing),
+        None => writers.shard_of_key(&key),
+    };
+    let request = Request::Reserve {
+        subject: body.subject,
+        route: body.route,
+        id,
+        digest,
+        units: body.units,
+    };
+    receipt_response(writers.call(shard, request).await?)
+}
+
+async fn act(
+    state: &AppState,
+    id: ReservationId,
+    command: impl FnOnce(ReservationId) -> Command,
+) -> Result<Response, ApiError> {
+    let writers = state.writers()?;
+    let Some(key) = writers.locate(&id) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_reservation",
+            format!("unknown reservation {id}"),
+        ));
+    };
+    let shard = writers.shard_of_key(&key);
+    receipt_response(
+        writers
+            .call(
+                shard,
+                Request::Act {
+                    key,
+                    command: command(id),
+                },
+            )
+            .await?,
+    )
+}
+
+fn operation_id(raw: &str) -> Result<OperationId, ApiError> {
+    OperationId::new(raw).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_id",
+            e.to_string(),
+        )
+    })
+}
+
+/// RESERVED → STARTED, binding the operation id (idempotent for the same one).
+#[utoipa::path(post, path = "/v1/reservations/{id}/start", request_body = StartBody, params(("id" = String, Path)),
+    responses(
+        (status = 200, body = Receipt),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Wrong state, lease expired, or another operation id", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn start(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    ApiJson(body): ApiJson<StartBody>,
+) -> Result<Response, ApiError> {
+    let id = path_id(path)?;
+    let operation_id = operation_id(&body.operation_id)?;
+    act(&state, id, |id| Command::Start { id, operation_id }).await
+}
+
+/// Settle with the actual usage; the unused difference goes back, any excess becomes debt.
+#[utoipa::path(post, path = "/v1/reservations/{id}/settle", request_body = SettleBody, params(("id" = String, Path)),
+    responses(
+        (status = 200, body = Receipt),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn settle(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    ApiJson(body): ApiJson<SettleBody>,
+) -> Result<Response, ApiError> {
+    let id = path_id(path)?;
+    let operation_id = body.operation_id.as_deref().map(operation_id).transpose()?;
+    let actual_units = body.actual_units;
+    act(&state, id, |id| Command::Settle {
+        id,
+        operation_id,
+        actual_units,
+    })
+    .await
+}
+
+/// Give back an unstarted reservation.
+#[utoipa::path(post, path = "/v1/reservations/{id}/release", request_body = ReleaseBody, params(("id" = String, Path)),
+    responses(
+        (status = 200, body = Receipt),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn release(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    ApiJson(_body): ApiJson<ReleaseBody>,
+) -> Result<Response, ApiError> {
+    let id = path_id(path)?;
+    act(&state, id, |id| Command::Release { id }).await
+}
+
+/// The committed receipt: how a client whose reserve answer was lost resolves RESERVATION_UNKNOWN.
+#[utoipa::path(get, path = "/v1/reservations/{id}", params(("id" = String, Path)),
+    responses(
+        (status = 200, body = Receipt),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_reservation(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = path_id(path)?;
+    let writers = state.writers()?;
+    let Some(key) = writers.locate(&id) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_reservation",
+            format!("unknown reservation {id}"),
+        ));
+    };
+    let shard = writers.shard_of_key(&key);
+    receipt_response(writers.call(shard, Request::Get { key, id }).await?)
+}
+
+/// Every partition's conservation terms and invariant check (operators, tests).
+#[utoipa::path(get, path = "/v1/partitions", responses((status = 200, body = Vec<PartitionView>)))]
+pub async fn list_partitions(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let writers = state.writers()?;
+    let mut all = Vec::new();
+    for shard in 0..writers.shards() {
+        match writers.call(shard, Request::Partitions).await? {
+            Answer::Partitions(views) => all.extend(views),
+            other => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    format!("unexpected answer {other:?}"),
+                ));
+            }
+        }
+    }
+    all.sort_by(|a, b| {
+        (
+            &a.subject,
+            &a.route,
+            &a.accounting_epoch,
+            a.policy_generation,
+        )
+            .cmp(&(
+                &b.subject,
+                &b.route,
+                &b.accounting_epoch,
+                b.policy_generation,
+            ))
+    });
+    Ok(Json(all).into_response())
+}
+
+/// Liveness: the process serves HTTP.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "alive")))]
+pub async fn healthz() -> impl IntoResponse {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Readiness: 200 only after recovery from the log finished.
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, description = "ready"),
+    (status = 503, description = "recovering", body = Problem, content_type = "application/problem+json")))]
+pub async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
+    state.writers()?;
+    Ok(Json(serde_json::json!({"status": "ready"})).into_response())
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.inner.metrics.render(),
+    )
+}
+
+async fn openapi_json() -> impl IntoResponse {
+    Json(ApiDoc::openapi())
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Reservoir",
+        description = "Event-sourced capacity ledger for LLM rate limits. Errors are RFC 9457 application/problem+json."
+    ),
+    paths(
+        publish_policy,
+        get_policy,
+        reserve,
+        start,
+        settle,
+        release,
+        get_reservation,
+        list_partitions,
+        healthz,
+        readyz,
+        metrics_text
+    ),
+    components(schemas(
+        Receipt,
+        LogPosition,
+        Problem,
+        ReserveBody,
+        StartBody,
+        SettleBody,
+        ReleaseBody,
+        PublishPolicy,
+        PublishedPolicy,
+        ActivePolicy,
+        PartitionKeyView,
+        PolicyDoc,
+        RefillRuleDoc,
+        CapacityUnitDoc,
+        EmergencyModeDoc,
+        PartitionView
+    ))
+)]
+pub struct ApiDoc;

@@ -1,0 +1,247 @@
+//! Command line, environment and config file, resolved into one [`Config`].
+//!
+//! Precedence, highest first: a flag on the command line, its `RESERVOIR_*`
+//! environment variable, the TOML file named by `--config`, the built-in default.
+//! Clap handles the first two (every flag is declared with `env`); the file is
+//! merged here, field by field, which is why every flag is an `Option` in [`ServeArgs`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "reservoir",
+    version,
+    about = "Reservoir: an event-sourced capacity ledger for LLM rate limits"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: CliCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CliCommand {
+    /// Recover the ledger from the log and serve the HTTP API.
+    Serve(ServeArgs),
+}
+
+/// Which event log the writer appends to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogKind {
+    /// RocksDB in `--data-dir`, one synced write per batch. No broker.
+    Embedded,
+    /// A Kafka topic on `--brokers` (one node).
+    Kafka,
+    /// In memory, lost on exit: for trying the API and for tests only.
+    Memory,
+}
+
+#[derive(Clone, Debug, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeArgs {
+    /// TOML file with any of the settings below (flags and environment win).
+    #[arg(long, env = "RESERVOIR_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Directory of the embedded log (and local state). Default `./reservoir-data`.
+    #[arg(long, env = "RESERVOIR_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP listen address. Default `127.0.0.1:8080`.
+    #[arg(long, env = "RESERVOIR_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Event log: `embedded` (default) or `kafka`.
+    #[arg(long, value_enum, env = "RESERVOIR_LOG")]
+    pub log: Option<LogKind>,
+    /// Kafka bootstrap servers (`HOST:PORT[,HOST:PORT]`), with `--log kafka`.
+    #[arg(long, env = "RESERVOIR_BROKERS")]
+    pub brokers: Option<String>,
+    /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
+    #[arg(long, env = "RESERVOIR_TOPIC")]
+    pub topic: Option<String>,
+    /// Writer tasks; each owns the ledger partitions of a hash range of (subject, route). Default 4.
+    #[arg(long, env = "RESERVOIR_WRITER_SHARDS")]
+    pub writer_shards: Option<usize>,
+    /// Most commands one writer decides into one appended batch. Default 512.
+    #[arg(long, env = "RESERVOIR_MAX_BATCH_COMMANDS")]
+    pub max_batch_commands: Option<usize>,
+    /// How often the lease/execution-limit sweeper looks for due reservations, ms. Default 1000.
+    #[arg(long, env = "RESERVOIR_SWEEP_INTERVAL_MS")]
+    pub sweep_interval_ms: Option<u64>,
+    /// How often partitions with debt or below their burst are sent a Refill, ms. Default 1000.
+    #[arg(long, env = "RESERVOIR_REFILL_INTERVAL_MS")]
+    pub refill_interval_ms: Option<u64>,
+    /// Largest request body accepted, bytes. Default 65536.
+    #[arg(long, env = "RESERVOIR_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// Fully resolved settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub log: LogKind,
+    pub brokers: Option<String>,
+    pub topic: String,
+    pub writer_shards: usize,
+    pub max_batch_commands: usize,
+    pub sweep_interval: Duration,
+    pub refill_interval: Duration,
+    pub max_body_bytes: usize,
+}
+
+/// Upper bounds on the tunables: a limit has a name and a unit.
+pub const MAX_WRITER_SHARDS: usize = 256;
+pub const MAX_BATCH_COMMANDS_LIMIT: usize = 16_384;
+pub const MAX_BODY_BYTES_LIMIT: usize = 1 << 20;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./reservoir-data"),
+            listen: "127.0.0.1:8080".parse().expect("valid default address"),
+            log: LogKind::Embedded,
+            brokers: None,
+            topic: "reservoir.events".to_string(),
+            writer_shards: 4,
+            max_batch_commands: 512,
+            sweep_interval: Duration::from_millis(1_000),
+            refill_interval: Duration::from_millis(1_000),
+            max_body_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl ServeArgs {
+    /// Reads `--config` if given and resolves every setting.
+    pub fn resolve(self) -> Result<Config, String> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => ServeArgs::default(),
+        };
+        let base = Config::default();
+        let config = Config {
+            data_dir: self.data_dir.or(file.data_dir).unwrap_or(base.data_dir),
+            listen: self.listen.or(file.listen).unwrap_or(base.listen),
+            log: self.log.or(file.log).unwrap_or(base.log),
+            brokers: self.brokers.or(file.brokers),
+            topic: self.topic.or(file.topic).unwrap_or(base.topic),
+            writer_shards: self
+                .writer_shards
+                .or(file.writer_shards)
+                .unwrap_or(base.writer_shards),
+            max_batch_commands: self
+                .max_batch_commands
+                .or(file.max_batch_commands)
+                .unwrap_or(base.max_batch_commands),
+            sweep_interval: self
+                .sweep_interval_ms
+                .or(file.sweep_interval_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(base.sweep_interval),
+            refill_interval: self
+                .refill_interval_ms
+                .or(file.refill_interval_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(base.refill_interval),
+            max_body_bytes: self
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(base.max_body_bytes),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_WRITER_SHARDS).contains(&self.writer_shards) {
+            return Err(format!("writer-shards must be 1..={MAX_WRITER_SHARDS}"));
+        }
+        if !(1..=MAX_BATCH_COMMANDS_LIMIT).contains(&self.max_batch_commands) {
+            return Err(format!(
+                "max-batch-commands must be 1..={MAX_BATCH_COMMANDS_LIMIT}"
+            ));
+        }
+        if !(1024..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
+            return Err(format!(
+                "max-body-bytes must be 1024..={MAX_BODY_BYTES_LIMIT}"
+            ));
+        }
+        for (name, d) in [
+            ("sweep-interval-ms", self.sweep_interval),
+            ("refill-interval-ms", self.refill_interval),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(3_600) {
+                return Err(format!("{name} must be 1..=3600000"));
+            }
+        }
+        if self.log == LogKind::Kafka && self.brokers.is_none() {
+            return Err("--log kafka needs --brokers HOST:PORT".to_string());
+        }
+        Ok(())
+    }
+}
+
+fn read_file(path: &Path) -> Result<ServeArgs, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("invalid config {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_file_beats_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reservoir.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9000\"\nwriter_shards = 2\ndata_dir = \"/tmp/x\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            data_dir: Some("/tmp/y".into()),
+            ..Default::default()
+        };
+        let c = args.resolve().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(c.writer_shards, 2);
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/y"));
+        assert_eq!(c.max_body_bytes, 64 * 1024);
+    }
+
+    #[test]
+    fn unknown_file_keys_and_bad_values_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reservoir.toml");
+        std::fs::write(&path, "listne = \"127.0.0.1:9000\"\n").unwrap();
+        assert!(ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        }
+        .resolve()
+        .is_err());
+        assert!(ServeArgs {
+            writer_shards: Some(0),
+            ..Default::default()
+        }
+        .resolve()
+        .is_err());
+        assert!(ServeArgs {
+            log: Some(LogKind::Kafka),
+            ..Default::default()
+        }
+        .resolve()
+        .is_err());
+    }
+}

@@ -1,0 +1,121 @@
+//! # reservoir-server
+//!
+//! The `reservoir` binary's library: everything between HTTP and the event log.
+//!
+//! - [`writer`]: shard tasks, each the single writer of its ledger partitions. A
+//!   shard decides a batch of queued commands with `reservoir_core::decide`,
+//!   appends the batch with one `EventLog::append` (group commit), and replies only
+//!   after the log acknowledged; a failed append undoes the batch (503, retryable).
+//! - [`recovery`]: rebuilds the shards from the log before the server is ready.
+//! - [`sweeper`]: lease expiry, hard execution limit and refill, by sending commands.
+//! - [`api`]: the axum routes, problem+json errors ([`problem`]) and the OpenAPI document.
+//! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
+//! - [`memlog`]: an in-memory log with fault injection, for tests.
+//!
+//! [`start`] runs a server on any [`EventLog`] until its shutdown future resolves;
+//! the binary passes SIGTERM/Ctrl-C, tests pass a channel.
+
+pub mod api;
+pub mod config;
+pub mod memlog;
+pub mod problem;
+pub mod recovery;
+pub mod sweeper;
+pub mod telemetry;
+pub mod writer;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use reservoir_log::EventLog;
+use tokio::sync::watch;
+
+pub use config::Config;
+
+/// A server started by [`start`].
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    /// Resolves when the server stopped (after the shutdown future resolved and
+    /// every writer finished its batch), with an error if recovery failed.
+    pub done: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// Binds, answers `/healthz` at once and `/readyz` with 503 while it recovers
+/// from `log`, then serves until `shutdown` resolves. `writer_id` and
+/// `claim_epoch` are stamped on every record.
+pub async fn start<L: EventLog>(
+    config: Config,
+    log: Arc<L>,
+    writer_id: String,
+    claim_epoch: u64,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningServer, String> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let state = api::AppState::new(telemetry::install());
+    let app = api::router(state.clone(), config.max_body_bytes);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| e.to_string())
+    });
+
+    let done = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let recovered = match recovery::recover(&*log, config.writer_shards).await {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::error!(%err, "recovery failed; not ready");
+                http.abort();
+                return Err(format!("recovery failed: {err}"));
+            }
+        };
+        tracing::info!(
+            records = recovered.records,
+            events = recovered.events,
+            skipped = recovered.skipped_records,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "recovered from the log"
+        );
+        let index = Arc::new(std::sync::RwLock::new(recovered.index));
+        let (writers, shard_tasks) = writer::spawn(
+            log,
+            recovered.shards,
+            index,
+            writer_id,
+            claim_epoch,
+            config.max_batch_commands,
+            stop_rx.clone(),
+        );
+        let sweeper = tokio::spawn(sweeper::run(
+            writers.clone(),
+            config.sweep_interval,
+            config.refill_interval,
+            stop_rx.clone(),
+        ));
+        state.set_ready(writers);
+
+        // Shutdown: HTTP stops taking connections and waits for in-flight
+        // requests (each waits for its batch); then sweepers and writers stop,
+        // writers after deciding and appending everything already queued.
+        let served = http.await.map_err(|e| e.to_string()).and_then(|r| r);
+        state.set_not_ready();
+        let _ = stop_tx.send(true);
+        let _ = sweeper.await;
+        for task in shard_tasks {
+            if let Err(err) = task.await {
+                return Err(format!("writer task failed: {err}"));
+            }
+        }
+        tracing::info!("stopped");
+        served
+    });
+    Ok(RunningServer { addr, done })
+}

@@ -1,0 +1,97 @@
+//! `reservoir`: the command line entry point. `reservoir serve` recovers the
+//! ledger from the log (embedded RocksDB log in `--data-dir` by default) and
+//! serves the HTTP API until SIGTERM or Ctrl-C, finishing the batch in flight.
+//!
+//! A panic anywhere aborts the process: a broken invariant must crash, and
+//! recovery from the log is the only restart path (crash-only).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use reservoir_server::config::{Cli, CliCommand, Config, LogKind};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RESERVOIR_LOG_LEVEL")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::abort();
+    }));
+
+    let cli = Cli::parse();
+    let CliCommand::Serve(args) = cli.command;
+    let config = match args.resolve() {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("reservoir: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("reservoir: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let writer_id = format!("reservoir-{}-{}", hostname(), std::process::id());
+    let server = match config.log {
+        LogKind::Embedded => return Err(embedded_not_built()),
+        LogKind::Kafka => {
+            return Err("--log kafka: the Kafka log is not built into the server yet".to_string())
+        }
+        LogKind::Memory => {
+            let log = Arc::new(reservoir_server::memlog::MemoryLog::new());
+            reservoir_server::start(config.clone(), log, writer_id, 0, shutdown_signal()).await?
+        }
+    };
+    tracing::info!(addr = %server.addr, log = ?config.log, data_dir = %config.data_dir.display(), "listening");
+    server.done.await.map_err(|e| e.to_string())?
+}
+
+fn embedded_not_built() -> String {
+    "--log embedded: the embedded log is not built into the server yet".to_string()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "node".into())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown signal: finishing the batch in flight");
+}

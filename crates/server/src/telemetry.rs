@@ -1,0 +1,102 @@
+//! Metrics: the Prometheus exporter the binary serves at `/metrics`, and the
+//! counters and histograms the writer and the API record through the `metrics` facade.
+//!
+//! - `reservoir_admissions_total{route}`: reservations admitted (committed).
+//! - `reservoir_refusals_total{reason}`: limit refusals (committed `AdmissionRefused`).
+//! - `reservoir_rejections_total{code}`: every other answered rejection, by problem code.
+//! - `reservoir_batch_commands`, `reservoir_batch_records`: group-commit batch sizes.
+//! - `reservoir_append_seconds`: log append latency; `reservoir_append_failures_total`.
+//! - `reservoir_reservation_efficiency{route}`: settled ÷ reserved, per settlement.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use reservoir_core::{EventBody, PartitionKey};
+
+use crate::writer::PartitionState;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder once per process (several in-process servers in
+/// a test share it) and returns the handle that renders `/metrics`.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("reservoir_reservation_efficiency".into()),
+                    &[
+                        0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0,
+                    ],
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Prefix("reservoir_batch_".into()),
+                        &[
+                            1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+                        ],
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("reservoir_append_seconds".into()),
+                        &[
+                            0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0,
+                        ],
+                    )
+                })
+                .expect("static bucket lists are non-empty");
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (an embedding program's): then
+            // our handle still renders what is recorded through it, which is nothing;
+            // say so rather than fail.
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Records what one committed event means for the metrics.
+pub fn record_event(key: &PartitionKey, body: &EventBody, state: Option<&PartitionState>) {
+    match body {
+        EventBody::Reserved { .. } => {
+            metrics::counter!("reservoir_admissions_total", "route" => key.route.clone())
+                .increment(1);
+        }
+        EventBody::AdmissionRefused { reason, .. } => {
+            let reason = match reason {
+                reservoir_core::RefusalReason::InsufficientCapacity => "insufficient_capacity",
+                reservoir_core::RefusalReason::DebtOutstanding => "debt_outstanding",
+                reservoir_core::RefusalReason::RequestTooLarge => "request_too_large",
+            };
+            metrics::counter!("reservoir_refusals_total", "reason" => reason).increment(1);
+        }
+        EventBody::Settled {
+            id,
+            actual_units,
+            overdraft_units,
+            ..
+        } => {
+            let reserved = state
+                .and_then(|s| s.partition.reservation(id))
+                .map(|r| r.reserved_units)
+                .unwrap_or(0);
+            if reserved > 0 {
+                let efficiency = *actual_units as f64 / reserved as f64;
+                metrics::histogram!("reservoir_reservation_efficiency", "route" => key.route.clone()).record(efficiency);
+            }
+            if *overdraft_units > 0 {
+                metrics::counter!("reservoir_overdraft_units_total", "route" => key.route.clone())
+                    .increment(*overdraft_units);
+            }
+        }
+        EventBody::Expired { .. } => metrics::counter!("reservoir_expired_total").increment(1),
+        EventBody::UsageUnknown { .. } => {
+            metrics::counter!("reservoir_usage_unknown_total").increment(1)
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,1003 @@
+//! The writer: the only code that decides commands and appends to the log.
+//!
+//! Ledger partitions are spread over a fixed number of *shards* by a hash of
+//! (subject, route), so every generation and epoch of one subject/route lives in
+//! one shard, and each shard is one task: a partition is decided by exactly one
+//! task at a time, with no locks around the core.
+//!
+//! A shard task loops: take every queued request (up to the batch limit), decide
+//! each against the in-memory state *speculatively applying* its events so later
+//! commands in the batch see earlier ones, check conservation on every touched
+//! partition, append all records with one `EventLog::append` (group commit), and
+//! only then reply. If the append fails, the batch's effects are undone from an
+//! undo log of pre-images (partition scalars and reservation records, taken at
+//! first touch) and every request of the batch gets a retryable 503: the clients
+//! retry with the same ids, which is safe because reserve is idempotent.
+//!
+//! `now` is the writer's: the wall clock, made monotonic per partition
+//! (`max(last event time, clock)`), and recorded in the events.
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use reservoir_core::{
+    apply, decide, refusal_event, CapacityUnit, Command, EventBody, Partition, PartitionKey,
+    Policy, Rejection, RequestDigest, Reservation, ReservationId, ReservationState, TimestampMs,
+    Units,
+};
+use reservoir_log::{EventLog, Position, Record};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::telemetry;
+
+/// Requests waiting for one shard. Beyond this a caller gets 503 at once rather
+/// than queueing without bound.
+pub const MAX_QUEUED_REQUESTS_PER_SHARD: usize = 16_384;
+
+/// Global reservation id → the partition that holds it (ids are unique across
+/// the server). Written only by shard tasks, speculatively during a batch.
+pub type Index = Arc<RwLock<HashMap<ReservationId, PartitionKey>>>;
+
+/// Which shard owns a subject/route. Stable for the process only (it is never stored).
+pub fn shard_of(subject: &str, route: &str, shards: usize) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    subject.hash(&mut h);
+    route.hash(&mut h);
+    (h.finish() % shards as u64) as usize
+}
+
+/// Where a record was committed, as answered to clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LogPosition {
+    pub log_partition: u32,
+    pub offset: u64,
+}
+
+impl From<Position> for LogPosition {
+    fn from(p: Position) -> Self {
+        LogPosition {
+            log_partition: p.log_partition,
+            offset: p.offset,
+        }
+    }
+}
+
+/// The receipt of a reservation: its record, its partition, and the log position
+/// of the last event that changed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Receipt {
+    pub id: String,
+    pub subject: String,
+    pub route: String,
+    pub accounting_epoch: String,
+    pub policy_generation: u64,
+    /// One of RESERVED, STARTED, SETTLED, SETTLED_WITH_DEBT, RELEASED, EXPIRING, EXPIRED, USAGE_UNKNOWN.
+    #[schema(example = "RESERVED")]
+    pub state: String,
+    pub reserved_units: u64,
+    pub held_units: u64,
+    pub actual_units: Option<u64>,
+    pub operation_id: Option<String>,
+    pub expires_at_ms: u64,
+    pub log_position: LogPosition,
+}
+
+/// One partition's conservation terms, for operators and tests (`GET /v1/partitions`).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PartitionView {
+    pub subject: String,
+    pub route: String,
+    pub accounting_epoch: String,
+    pub policy_generation: u64,
+    pub closed: bool,
+    pub last_sequence: u64,
+    pub opening_units: u64,
+    pub minted_units: u64,
+    pub overdraft_issued_units: u64,
+    pub available_units: u64,
+    pub reserved_units: u64,
+    pub spent_units: u64,
+    pub retired_for_emergency_units: u64,
+    pub overdraft_repaid_units: u64,
+    pub debt_units: u64,
+    pub open_reservations: u64,
+    pub reservations: u64,
+    pub refusals: u64,
+    /// Result of the full invariant check (conservation and reserved = Σ held): `ok` or the error.
+    pub conservation: String,
+}
+
+/// What an API handler or a sweeper asks of a shard.
+#[derive(Debug)]
+pub enum Request {
+    Publish {
+        key: PartitionKey,
+        policy: Policy,
+    },
+    GetPolicy {
+        subject: String,
+        route: String,
+    },
+    Reserve {
+        subject: String,
+        route: String,
+        id: ReservationId,
+        digest: RequestDigest,
+        units: Units,
+    },
+    /// Start, Settle, Release, and the sweepers' Expire, MarkUsageUnknown, Refill.
+    Act {
+        key: PartitionKey,
+        command: Command,
+    },
+    Get {
+        key: PartitionKey,
+        id: ReservationId,
+    },
+    Partitions,
+    /// Sweeper: the commands due at `now_ms` (leases past, execution limits past, refills).
+    CollectDue {
+        now_ms: TimestampMs,
+        refill: bool,
+    },
+}
+
+#[derive(Debug)]
+pub enum Answer {
+    Receipt {
+        receipt: Box<Receipt>,
+        created: bool,
+    },
+    Published {
+        key: PartitionKey,
+        created: bool,
+        log_position: Option<LogPosition>,
+    },
+    Policy {
+        key: PartitionKey,
+        policy: Box<Policy>,
+    },
+    Partitions(Vec<PartitionView>),
+    Due(Vec<(PartitionKey, Command)>),
+    /// A command with no receipt (a sweeper's Refill).
+    Done,
+}
+
+/// Why a request failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The domain refused; `policy` names the partition's policy when one matched.
+    Rejected {
+        rejection: Rejection,
+        policy_generation: Option<u64>,
+        capacity_unit: Option<CapacityUnit>,
+    },
+    /// No active policy for the subject/route.
+    NoPolicy,
+    /// Retry with the same ids: the log failed, or the writer is overloaded or stopping.
+    Unavailable(String),
+    /// A bug or a broken invariant: the batch was not appended.
+    Internal(String),
+}
+
+pub type Reply = Result<Answer, Failure>;
+
+pub struct Envelope {
+    pub request: Request,
+    pub reply: oneshot::Sender<Reply>,
+}
+
+/// A cloneable handle to every shard.
+#[derive(Clone)]
+pub struct Writers {
+    senders: Arc<Vec<mpsc::Sender<Envelope>>>,
+    pub index: Index,
+}
+
+impl Writers {
+    pub fn shards(&self) -> usize {
+        self.senders.len()
+    }
+
+    pub fn shard_of_key(&self, key: &PartitionKey) -> usize {
+        shard_of(&key.subject, &key.route, self.shards())
+    }
+
+    /// The partition holding reservation `id`, if any.
+    pub fn locate(&self, id: &ReservationId) -> Option<PartitionKey> {
+        self.index.read().expect("index lock").get(id).cloned()
+    }
+
+    pub async fn call(&self, shard: usize, request: Request) -> Reply {
+        let (reply, rx) = oneshot::channel();
+        match self.senders[shard].try_send(Envelope { request, reply }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(Failure::Unavailable("writer queue full".into()));
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(Failure::Unavailable("shutting down".into()))
+            }
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(Failure::Unavailable("writer stopped".into())))
+    }
+}
+
+/// Kinds of due work the sweeper looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DueKind {
+    LeaseExpiry,
+    ExecutionLimit,
+}
+
+/// One ledger partition as the writer holds it.
+#[derive(Clone, Debug, Default)]
+pub struct PartitionState {
+    pub partition: Partition,
+    /// Position of the last committed event of each reservation.
+    pub positions: HashMap<ReservationId, Position>,
+    /// Position of the record that opened the partition.
+    pub opened_at: Option<Position>,
+}
+
+/// State of one shard: its partitions and the bookkeeping around them.
+#[derive(Default)]
+pub struct ShardState {
+    pub partitions: HashMap<PartitionKey, PartitionState>,
+    /// Active partition for each (subject, route): the last one published.
+    pub active: HashMap<(String, String), PartitionKey>,
+    /// (due at, kind, partition, reservation); entries are checked lazily when due.
+    pub due: BTreeSet<(TimestampMs, DueKind, PartitionKey, ReservationId)>,
+}
+
+impl ShardState {
+    /// Records what a committed event means for the sweepers and the index.
+    pub fn note_committed(&mut self, key: &PartitionKey, body: &EventBody, position: Position) {
+        if let Some(id) = body.reservation_id() {
+            if !matches!(body, EventBody::AdmissionRefused { .. }) {
+                if let Some(ps) = self.partitions.get_mut(key) {
+                    ps.positions.insert(id.clone(), position);
+                }
+            }
+        }
+        match body {
+            EventBody::Reserved {
+                id, expires_at_ms, ..
+            } => {
+                self.due.insert((
+                    *expires_at_ms,
+                    DueKind::LeaseExpiry,
+                    key.clone(),
+                    id.clone(),
+                ));
+            }
+            EventBody::Started {
+                id,
+                execution_deadline_ms,
+                ..
+            } => {
+                self.due.insert((
+                    *execution_deadline_ms,
+                    DueKind::ExecutionLimit,
+                    key.clone(),
+                    id.clone(),
+                ));
+            }
+            EventBody::PartitionOpened { key: k, .. } => {
+                if let Some(ps) = self.partitions.get_mut(k) {
+                    ps.opened_at = Some(position);
+                }
+                self.active
+                    .insert((k.subject.clone(), k.route.clone()), k.clone());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Wall clock in ms since the epoch.
+pub fn clock_ms() -> TimestampMs {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Builds the receipt of a reservation from its partition and record.
+pub fn receipt(key: &PartitionKey, r: &Reservation, position: Position) -> Receipt {
+    Receipt {
+        id: r.id.to_string(),
+        subject: key.subject.clone(),
+        route: key.route.clone(),
+        accounting_epoch: key.accounting_epoch.clone(),
+        policy_generation: key.policy_generation,
+        state: state_name(r.state).to_string(),
+        reserved_units: r.reserved_units,
+        held_units: r.held_units,
+        actual_units: r.actual_units,
+        operation_id: r.operation_id.as_ref().map(|o| o.to_string()),
+        expires_at_ms: r.expires_at_ms,
+        log_position: position.into(),
+    }
+}
+
+pub fn state_name(s: ReservationState) -> &'static str {
+    match s {
+        ReservationState::Requested => "REQUESTED",
+        ReservationState::Reserved => "RESERVED",
+        ReservationState::Started => "STARTED",
+        ReservationState::Settled => "SETTLED",
+        ReservationState::SettledWithDebt => "SETTLED_WITH_DEBT",
+        ReservationState::Released => "RELEASED",
+        ReservationState::Expiring => "EXPIRING",
+        ReservationState::Expired => "EXPIRED",
+        ReservationState::UsageUnknown => "USAGE_UNKNOWN",
+    }
+}
+
+fn view(key: &PartitionKey, ps: &PartitionState) -> PartitionView {
+    let p = &ps.partition;
+    let l = &p.ledger;
+    PartitionView {
+        subject: key.subject.clone(),
+        route: key.route.clone(),
+        accounting_epoch: key.accounting_epoch.clone(),
+        policy_generation: key.policy_generation,
+        closed: p.closed,
+        last_sequence: p.last_sequence,
+        opening_units: l.opening_units,
+        minted_units: l.minted_units,
+        overdraft_issued_units: l.overdraft_issued_units,
+        available_units: l.available_units,
+        reserved_units: l.reserved_units,
+        spent_units: l.spent_units,
+        retired_for_emergency_units: l.retired_for_emergency_units,
+        overdraft_repaid_units: l.overdraft_repaid_units,
+        debt_units: p.debt_units(),
+        open_reservations: p.open_reservations as u64,
+        reservations: p.reservations.len() as u64,
+        refusals: p.refusals,
+        conservation: match p.check_invariants() {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        },
+    }
+}
+
+/// Pre-images taken at first touch within a batch, replayed backwards on failure.
+enum Undo {
+    /// The partition did not exist before the batch.
+    NewPartition(PartitionKey),
+    /// Partition scalars (its reservation map left out, see `shell`).
+    Partition(PartitionKey, Box<Partition>),
+    Reservation(PartitionKey, ReservationId, Option<Box<Reservation>>),
+    Active((String, String), Option<PartitionKey>),
+    Index(ReservationId),
+}
+
+/// Where a reply's log position comes from once the batch is durable.
+#[derive(Clone, Copy)]
+enum PositionFrom {
+    Record(usize),
+    Known(Position),
+}
+
+/// A decided request waiting for the batch's append.
+enum Pending {
+    Ready(Reply),
+    Receipt {
+        receipt: Box<Receipt>,
+        created: bool,
+        position: PositionFrom,
+    },
+    Published {
+        key: PartitionKey,
+        created: bool,
+        position: Option<PositionFrom>,
+    },
+    /// A limit refusal: answered after its `AdmissionRefused` record is durable.
+    Refused(Failure),
+}
+
+#[derive(Default)]
+struct Batch {
+    records: Vec<Record>,
+    undo: Vec<Undo>,
+    touched_partitions: Vec<PartitionKey>,
+    touched_reservations: std::collections::HashSet<(PartitionKey, ReservationId)>,
+    /// Reservations whose latest event is in this batch → its record.
+    pending_positions: HashMap<ReservationId, usize>,
+}
+
+/// A copy of a partition without its reservation map (which can be large).
+fn shell(p: &mut Partition) -> Partition {
+    let reservations = std::mem::take(&mut p.reservations);
+    let copy = p.clone();
+    p.reservations = reservations;
+    copy
+}
+
+/// One writer task's state and identity.
+pub struct Shard {
+    pub id: usize,
+    pub shards: usize,
+    pub state: ShardState,
+    pub index: Index,
+    pub writer_id: String,
+    pub claim_epoch: u64,
+    pub max_batch_commands: usize,
+}
+
+impl Shard {
+    /// The task body: batches until every sender is gone, then returns.
+    /// On `stop`, the queue is closed and what is already in it is still decided
+    /// and appended: the batch in flight always finishes.
+    pub async fn run<L: EventLog>(
+        mut self,
+        log: Arc<L>,
+        mut rx: mpsc::Receiver<Envelope>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut buffer = Vec::with_capacity(self.max_batch_commands);
+        let mut stopping = false;
+        loop {
+            let received = tokio::select! {
+                n = rx.recv_many(&mut buffer, self.max_batch_commands) => n,
+                _ = stop.wait_for(|s| *s), if !stopping => {
+                    rx.close();
+                    stopping = true;
+                    continue;
+                }
+            };
+            if received == 0 {
+                tracing::info!(shard = self.id, "writer stopped");
+                return;
+            }
+            let envelopes = std::mem::take(&mut buffer);
+            self.run_batch(&*log, envelopes).await;
+        }
+    }
+
+    async fn run_batch<L: EventLog>(&mut self, log: &L, envelopes: Vec<Envelope>) {
+        let mut batch = Batch::default();
+        let mut pendings = Vec::with_capacity(envelopes.len());
+        for Envelope { request, reply } in envelopes {
+            let pending = self.decide_one(&mut batch, request);
+            pendings.push((reply, pending));
+        }
+        metrics::histogram!("reservoir_batch_commands").record(pendings.len() as f64);
+
+        // The writer refuses to append a batch that breaks conservation.
+        for key in &batch.touched_partitions {
+            if let Some(ps) = self.state.partitions.get(key) {
+                if let Err(err) = ps.partition.ledger.check() {
+                    tracing::error!(shard = self.id, partition = %key, %err, "conservation broken; batch not appended");
+                    metrics::counter!("reservoir_invariant_violations_total").increment(1);
+                    self.restore(batch.undo);
+                    for (reply, _) in pendings {
+                        let _ = reply.send(Err(Failure::Internal(format!(
+                            "conservation check failed: {err}"
+                        ))));
+                    }
+                    return;
+                }
+            }
+        }
+
+        let positions = if batch.records.is_empty() {
+            Vec::new()
+        } else {
+            metrics::histogram!("reservoir_batch_records").record(batch.records.len() as f64);
+            let started = Instant::now();
+            let result = log.append(batch.records.clone()).await;
+            metrics::histogram!("reservoir_append_seconds").record(started.elapsed().as_secs_f64());
+            match result {
+                Ok(positions) if positions.len() == batch.records.len() => positions,
+                Ok(positions) => {
+                    // The log broke its contract; nothing can be trusted about this batch.
+                    panic!(
+                        "log returned {} positions for {} records",
+                        positions.len(),
+                        batch.records.len()
+                    );
+                }
+                Err(err) => {
+                    tracing::warn!(shard = self.id, %err, records = batch.records.len(), "append failed; batch discarded");
+                    metrics::counter!("reservoir_append_failures_total").increment(1);
+                    self.restore(batch.undo);
+                    for (reply, _) in pendings {
+                        let _ = reply.send(Err(Failure::Unavailable(format!(
+                            "log append failed: {err}"
+                        ))));
+                    }
+                    return;
+                }
+            }
+        };
+
+        for (record, position) in batch.records.iter().zip(&positions) {
+            for event in &record.events {
+                self.state
+                    .note_committed(&record.key, &event.body, *position);
+                telemetry::record_event(
+                    &record.key,
+                    &event.body,
+                    self.state.partitions.get(&record.key),
+                );
+            }
+        }
+        let resolve = |from: PositionFrom| match from {
+            PositionFrom::Record(i) => positions[i],
+            PositionFrom::Known(p) => p,
+        };
+        for (reply, pending) in pendings {
+            let answer = match pending {
+                Pending::Ready(r) => r,
+                Pending::Refused(failure) => Err(failure),
+                Pending::Receipt {
+                    mut receipt,
+                    created,
+                    position,
+                } => {
+                    receipt.log_position = resolve(position).into();
+                    Ok(Answer::Receipt { receipt, created })
+                }
+                Pending::Published {
+                    key,
+                    created,
+                    position,
+                } => Ok(Answer::Published {
+                    key,
+                    created,
+                    log_position: position.map(|p| resolve(p).into()),
+                }),
+            };
+            let _ = reply.send(answer);
+        }
+    }
+
+    fn restore(&mut self, undo: Vec<Undo>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::NewPartition(key) => {
+                    self.state.partitions.remove(&key);
+                }
+                Undo::Partition(key, before) => {
+                    let ps = self
+                        .state
+                        .partitions
+                        .get_mut(&key)
+                        .expect("touched partition exists");
+                    let reservations = std::mem::take(&mut ps.partition.reservations);
+                    ps.partition = *before;
+                    ps.partition.reservations = reservations;
+                }
+                Undo::Reservation(key, id, before) => {
+                    let ps = self
+                        .state
+                        .partitions
+                        .get_mut(&key)
+                        .expect("touched partition exists");
+                    match before {
+                        Some(r) => ps.partition.reservations.insert(id, *r),
+                        None => ps.partition.reservations.remove(&id),
+                    };
+                }
+                Undo::Active(sr, before) => match before {
+                    Some(k) => {
+                        self.state.active.insert(sr, k);
+                    }
+                    None => {
+                        self.state.active.remove(&sr);
+                    }
+                },
+                Undo::Index(id) => {
+                    self.index.write().expect("index lock").remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Takes the pre-images a command's events need before they are applied.
+    fn touch(&mut self, batch: &mut Batch, key: &PartitionKey, id: Option<&ReservationId>) {
+        if !batch.touched_partitions.contains(key) {
+            batch.touched_partitions.push(key.clone());
+            match self.state.partitions.get_mut(key) {
+                Some(ps) => batch.undo.push(Undo::Partition(
+                    key.clone(),
+                    Box::new(shell(&mut ps.partition)),
+                )),
+                None => {
+                    batch.undo.push(Undo::NewPartition(key.clone()));
+                    self.state
+                        .partitions
+                        .insert(key.clone(), PartitionState::default());
+                }
+            }
+        }
+        if let Some(id) = id {
+            if batch.touched_reservations.insert((key.clone(), id.clone())) {
+                let before = self.state.partitions[key]
+                    .partition
+                    .reservations
+                    .get(id)
+                    .cloned()
+                    .map(Box::new);
+                batch
+                    .undo
+                    .push(Undo::Reservation(key.clone(), id.clone(), before));
+            }
+        }
+    }
+
+    /// Applies decided events and queues their record. Returns the record's index.
+    fn commit_speculatively(
+        &mut self,
+        batch: &mut Batch,
+        key: &PartitionKey,
+        events: Vec<reservoir_core::Event>,
+    ) -> usize {
+        let ids: Vec<ReservationId> = events
+            .iter()
+            .filter_map(|e| e.body.reservation_id().cloned())
+            .collect();
+        self.touch(batch, key, None);
+        for id in &ids {
+            self.touch(batch, key, Some(id));
+        }
+        let ps = self.state.partitions.get_mut(key).expect("touched");
+        for event in &events {
+            apply(&mut ps.partition, event);
+        }
+        let index = batch.records.len();
+        for e in &events {
+            if let (Some(id), false) = (
+                e.body.reservation_id(),
+                matches!(e.body, EventBody::AdmissionRefused { .. }),
+            ) {
+                batch.pending_positions.insert(id.clone(), index);
+            }
+        }
+        batch.records.push(Record {
+            key: key.clone(),
+            writer_id: self.writer_id.clone(),
+            claim_epoch: self.claim_epoch,
+            events,
+        });
+        index
+    }
+
+    fn position_of(
+        &self,
+        batch: &Batch,
+        key: &PartitionKey,
+        id: &ReservationId,
+    ) -> Option<PositionFrom> {
+        if let Some(i) = batch.pending_positions.get(id) {
+            return Some(PositionFrom::Record(*i));
+        }
+        self.state
+            .partitions
+            .get(key)?
+            .positions
+            .get(id)
+            .map(|p| PositionFrom::Known(*p))
+    }
+
+    fn rejected(&self, key: &PartitionKey, rejection: Rejection) -> Failure {
+        let policy = self
+            .state
+            .partitions
+            .get(key)
+            .and_then(|ps| ps.partition.policy.as_ref());
+        Failure::Rejected {
+            rejection,
+            policy_generation: policy.map(|p| p.generation),
+            capacity_unit: policy.map(|p| p.capacity_unit),
+        }
+    }
+
+    fn now_for(&self, key: &PartitionKey) -> TimestampMs {
+        let last = self
+            .state
+            .partitions
+            .get(key)
+            .map(|ps| ps.partition.last_at_ms)
+            .unwrap_or(0);
+        clock_ms().max(last)
+    }
+
+    fn decide_one(&mut self, batch: &mut Batch, request: Request) -> Pending {
+        match request {
+            Request::Publish { key, policy } => self.publish(batch, key, policy),
+            Request::GetPolicy { subject, route } => {
+                Pending::Ready(match self.state.active.get(&(subject, route)) {
+                    Some(key) => match self
+                        .state
+                        .partitions
+                        .get(key)
+                        .and_then(|ps| ps.partition.policy.clone())
+                    {
+                        Some(policy) => Ok(Answer::Policy {
+                            key: key.clone(),
+                            policy: Box::new(policy),
+                        }),
+                        None => Err(Failure::NoPolicy),
+                    },
+                    None => Err(Failure::NoPolicy),
+                })
+            }
+            Request::Reserve {
+                subject,
+                route,
+                id,
+                digest,
+                units,
+            } => {
+                let located = self.index.read().expect("index lock").get(&id).cloned();
+                let key = match located {
+                    Some(key) => key,
+                    None => match self.state.active.get(&(subject.clone(), route.clone())) {
+                        Some(key) => key.clone(),
+                        None => return Pending::Ready(Err(Failure::NoPolicy)),
+                    },
+                };
+                if shard_of(&key.subject, &key.route, self.shards) != self.id {
+                    // The id is held by another subject/route: the digests cannot match.
+                    return Pending::Ready(Err(
+                        self.rejected(&key, Rejection::ExistsWithDifferentDigest { id })
+                    ));
+                }
+                self.act(batch, key, Command::Reserve { id, digest, units })
+            }
+            Request::Act { key, command } => self.act(batch, key, command),
+            Request::Get { key, id } => Pending::Ready(self.get(batch, &key, &id)),
+            Request::Partitions => Pending::Ready(Ok(Answer::Partitions(
+                self.state
+                    .partitions
+                    .iter()
+                    .map(|(k, ps)| view(k, ps))
+                    .collect(),
+            ))),
+            Request::CollectDue { now_ms, refill } => {
+                Pending::Ready(Ok(Answer::Due(self.collect_due(now_ms, refill))))
+            }
+        }
+    }
+
+    fn get(&self, batch: &Batch, key: &PartitionKey, id: &ReservationId) -> Reply {
+        let ps = self.state.partitions.get(key);
+        let record = ps.and_then(|ps| ps.partition.reservation(id));
+        match (record, self.position_of(batch, key, id)) {
+            (Some(r), Some(PositionFrom::Known(p))) => Ok(Answer::Receipt {
+                receipt: Box::new(receipt(key, r, p)),
+                created: false,
+            }),
+            // Not yet durable (decided in this very batch) or unknown.
+            _ => Err(self.rejected(key, Rejection::UnknownReservation { id: id.clone() })),
+        }
+    }
+
+    fn publish(&mut self, batch: &mut Batch, key: PartitionKey, policy: Policy) -> Pending {
+        let now = self.now_for(&key);
+        let current = self.state.partitions.get(&key).map(|ps| &ps.partition);
+        let empty = Partition::default();
+        let command = Command::OpenPartition {
+            key: key.clone(),
+            policy,
+        };
+        match decide(current.unwrap_or(&empty), &command, now) {
+            Ok(events) if events.is_empty() => {
+                let position = self
+                    .state
+                    .partitions
+                    .get(&key)
+                    .and_then(|ps| ps.opened_at)
+                    .map(PositionFrom::Known);
+                Pending::Published {
+                    key,
+                    created: false,
+                    position,
+                }
+            }
+            Ok(events) => {
+                let sr = (key.subject.clone(), key.route.clone());
+                let previous = self.state.active.get(&sr).cloned();
+                let record = self.commit_speculatively(batch, &key, events);
+                batch.undo.push(Undo::Active(sr.clone(), previous.clone()));
+                self.state.active.insert(sr, key.clone());
+                // The superseded generation stops admitting; its reservations still finish.
+                if let Some(old) = previous.filter(|old| *old != key) {
+                    let old_now = self.now_for(&old);
+                    let old_partition = &self.state.partitions[&old].partition;
+                    if let Ok(events) = decide(old_partition, &Command::Close, old_now) {
+                        if !events.is_empty() {
+                            self.commit_speculatively(batch, &old, events);
+                        }
+                    }
+                }
+                Pending::Published {
+                    key,
+                    created: true,
+                    position: Some(PositionFrom::Record(record)),
+                }
+            }
+            Err(rejection) => Pending::Ready(Err(Failure::Rejected {
+                rejection,
+                policy_generation: Some(key.policy_generation),
+                capacity_unit: None,
+            })),
+        }
+    }
+
+    fn act(&mut self, batch: &mut Batch, key: PartitionKey, command: Command) -> Pending {
+        let Some(ps) = self.state.partitions.get(&key) else {
+            return Pending::Ready(Err(Failure::NoPolicy));
+        };
+        let now = clock_ms().max(ps.partition.last_at_ms);
+        match decide(&ps.partition, &command, now) {
+            Ok(events) => {
+                let created = events
+                    .iter()
+                    .any(|e| matches!(e.body, EventBody::Reserved { .. }));
+                if created {
+                    let id = command
+                        .reservation_id()
+                        .expect("reserve names an id")
+                        .clone();
+                    let mut index = self.index.write().expect("index lock");
+                    match index.get(&id) {
+                        Some(other) if *other != key => {
+                            // Another shard took this id for another subject/route meanwhile.
+                            drop(index);
+                            return Pending::Ready(Err(
+                                self.rejected(&key, Rejection::ExistsWithDifferentDigest { id })
+                            ));
+                        }
+                        Some(_) => {}
+                        None => {
+                            index.insert(id.clone(), key.clone());
+                            batch.undo.push(Undo::Index(id));
+                        }
+                    }
+                }
+                let record = if events.is_empty() {
+                    None
+                } else {
+                    Some(self.commit_speculatively(batch, &key, events))
+                };
+                let Some(id) = command.reservation_id() else {
+                    return Pending::Ready(Ok(Answer::Done));
+                };
+                let ps = &self.state.partitions[&key];
+                let Some(r) = ps.partition.reservation(id) else {
+                    return Pending::Ready(Err(
+                        self.rejected(&key, Rejection::UnknownReservation { id: id.clone() })
+                    ));
+                };
+                let position = match record {
+                    Some(i) => PositionFrom::Record(i),
+                    None => match self.position_of(batch, &key, id) {
+                        Some(p) => p,
+                        None => {
+                            return Pending::Ready(Err(Failure::Internal(format!(
+                                "no log position for {id}"
+                            ))))
+                        }
+                    },
+                };
+                let placeholder = Position {
+                    log_partition: 0,
+                    offset: 0,
+                };
+                Pending::Receipt {
+                    receipt: Box::new(receipt(&key, r, placeholder)),
+                    created,
+                    position,
+                }
+            }
+            Err(rejection) => {
+                let refusal = refusal_event(&ps.partition, &command, &rejection, now);
+                let failure = self.rejected(&key, rejection);
+                match refusal {
+                    Some(event) => {
+                        self.commit_speculatively(batch, &key, vec![event]);
+                        Pending::Refused(failure)
+                    }
+                    None => Pending::Ready(Err(failure)),
+                }
+            }
+        }
+    }
+
+    /// Commands the sweeper should send now. Entries whose reservation moved on
+    /// are dropped; the core re-checks every one (NotYetDue, WrongState) anyway.
+    fn collect_due(&mut self, now_ms: TimestampMs, refill: bool) -> Vec<(PartitionKey, Command)> {
+        /// Commands one sweep sends per shard; the rest wait for the next sweep.
+        const MAX_DUE_PER_SWEEP: usize = 4_096;
+        // Entries stay until the reservation has moved on, so a command lost to a
+        // failed append is simply sent again by the next sweep.
+        let mut out = Vec::new();
+        let mut stale = Vec::new();
+        for entry in self.state.due.iter() {
+            let (due_at, kind, key, id) = entry;
+            if *due_at > now_ms || out.len() >= MAX_DUE_PER_SWEEP {
+                break;
+            }
+            let state = self
+                .state
+                .partitions
+                .get(key)
+                .and_then(|ps| ps.partition.reservation(id))
+                .map(|r| r.state);
+            match (kind, state) {
+                (
+                    DueKind::LeaseExpiry,
+                    Some(ReservationState::Reserved | ReservationState::Expiring),
+                ) => {
+                    out.push((key.clone(), Command::Expire { id: id.clone() }));
+                }
+                (DueKind::ExecutionLimit, Some(ReservationState::Started)) => {
+                    out.push((key.clone(), Command::MarkUsageUnknown { id: id.clone() }));
+                }
+                _ => stale.push(entry.clone()),
+            }
+        }
+        for entry in stale {
+            self.state.due.remove(&entry);
+        }
+        if refill {
+            for (key, ps) in &self.state.partitions {
+                let p = &ps.partition;
+                let Some(policy) = &p.policy else { continue };
+                let l = &p.ledger;
+                let below_burst =
+                    l.available_units.saturating_add(l.reserved_units) < policy.burst_units;
+                if p.debt_units() > 0 || (below_burst && !p.closed) {
+                    out.push((key.clone(), Command::Refill));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Starts one task per shard over `states` and returns the handle to them.
+pub fn spawn<L: EventLog>(
+    log: Arc<L>,
+    states: Vec<ShardState>,
+    index: Index,
+    writer_id: String,
+    claim_epoch: u64,
+    max_batch_commands: usize,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> (Writers, Vec<tokio::task::JoinHandle<()>>) {
+    let shards = states.len();
+    let mut senders = Vec::with_capacity(shards);
+    let mut handles = Vec::with_capacity(shards);
+    for (id, state) in states.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED_REQUESTS_PER_SHARD);
+        senders.push(tx);
+        let shard = Shard {
+            id,
+            shards,
+            state,
+            index: index.clone(),
+            writer_id: writer_id.clone(),
+            claim_epoch,
+            max_batch_commands,
+        };
+        handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
+    }
+    (
+        Writers {
+            senders: Arc::new(senders),
+            index,
+        },
+        handles,
+    )
+}
