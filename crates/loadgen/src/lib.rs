@@ -1,0 +1,21 @@
+//! # reservoir-loadgen
+//!
+//! The load benchmark of Reservoir. N concurrent clients drive
+//! reserve → start → settle cycles, spread over S subjects (tenants), against
+//! one of two targets, and the run reports cycles per second and p50/p99 cycle
+//! and step latency as a table and as one JSON line:
+//!
+//! - `reservoir`: `reservoir serve` over its HTTP API ([`http`]), one keep-alive
+//!   connection per client;
+//! - `redis`: the single-script Redis + Lua design of the first seed
+//!   ([`redis_ledger`], scripts in `crates/loadgen/lua/`), one connection per
+//!   client, every call one `EVALSHA`.
+//!
+//! [`run`] is the load loop, [`stats`] the measurements, [`report`] the
+//! Markdown comparison that `scripts/bench-http` writes.
+
+pub mod http;
+pub mod redis_ledger;
+pub mod report;
+pub mod run;
+pub mod stats;

@@ -1,0 +1,254 @@
+//! `reservoir-loadgen`: the command line of the load benchmark.
+//!
+//! - `run`: one bounded run against `reservoir` (HTTP) or `redis` (Lua), printing
+//!   a table and, as the last line, the JSON summary (also appended to
+//!   `--json-out`). Exits 2 when the run had errors.
+//! - `report`: the Markdown comparison of several JSON result lines.
+//! - `wait`: waits (bounded) until a target answers (`/readyz` or `PING`).
+//! - `free-port`: prints a free TCP port on 127.0.0.1.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use reservoir_loadgen::redis_ledger::BucketPolicy;
+use reservoir_loadgen::report::{markdown, parse_lines, Labels};
+use reservoir_loadgen::run::{fresh_run_id, run, RunConfig, Stop, Target};
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    name = "reservoir-loadgen",
+    version,
+    about = "Load benchmark for Reservoir and a Redis + Lua baseline"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Kind {
+    Reservoir,
+    Redis,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run reserve -> start -> settle cycles against one target.
+    Run(RunArgs),
+    /// Print the Markdown comparison of JSON result lines.
+    Report {
+        /// File of JSON lines written by `run --json-out`.
+        file: String,
+        #[arg(long, default_value = "reservoir")]
+        reservoir_label: String,
+        #[arg(long, default_value = "redis-always")]
+        redis_always_label: String,
+        #[arg(long, default_value = "redis-none")]
+        redis_none_label: String,
+    },
+    /// Wait until the target answers, at most --timeout-secs.
+    Wait {
+        #[arg(long, value_enum)]
+        target: Kind,
+        /// Base URL of the target.
+        #[arg(long)]
+        url: String,
+        #[arg(long, default_value_t = 60.0)]
+        timeout_secs: f64,
+    },
+    /// Print a free TCP port on 127.0.0.1.
+    FreePort,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The system under test.
+    #[arg(long, value_enum)]
+    target: Kind,
+    /// Base URL: http://127.0.0.1:8080 for reservoir, redis://127.0.0.1:6379 for redis.
+    #[arg(long)]
+    url: Option<String>,
+    /// Name of this run in reports (default: the target).
+    #[arg(long)]
+    label: Option<String>,
+    /// Concurrent clients, one connection each.
+    #[arg(long, default_value_t = 64, env = "LOADGEN_CLIENTS")]
+    clients: usize,
+    /// Subjects (tenants) the clients are spread over.
+    #[arg(long, default_value_t = 8, env = "LOADGEN_SUBJECTS")]
+    subjects: usize,
+    /// Measure for this long after warm-up (ignored with --cycles).
+    #[arg(long, default_value_t = 10.0, env = "LOADGEN_DURATION_SECS")]
+    duration_secs: f64,
+    /// Run exactly this many cycles instead of a fixed duration.
+    #[arg(long, env = "LOADGEN_CYCLES")]
+    cycles: Option<u64>,
+    /// Unmeasured warm-up, seconds.
+    #[arg(long, default_value_t = 2.0, env = "LOADGEN_WARMUP_SECS")]
+    warmup_secs: f64,
+    /// Hard cap on the whole run, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    max_secs: f64,
+    /// Stop early after this many errors.
+    #[arg(long, default_value_t = 10_000)]
+    max_errors: u64,
+    /// Units reserved per cycle.
+    #[arg(long, default_value_t = 600)]
+    units: u64,
+    /// Units settled per cycle.
+    #[arg(long, default_value_t = 180)]
+    actual_units: u64,
+    #[arg(long, default_value = "tenant-")]
+    subject_prefix: String,
+    #[arg(long, default_value = "chat")]
+    route: String,
+    #[arg(long, default_value = "2026-11")]
+    epoch: String,
+    /// Do not publish policies first (they exist already).
+    #[arg(long)]
+    no_publish: bool,
+    /// Append the JSON summary line to this file.
+    #[arg(long)]
+    json_out: Option<String>,
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+async fn run_cmd(a: RunArgs) -> Result<ExitCode, String> {
+    let target = match a.target {
+        Kind::Reservoir => Target::Reservoir {
+            url: a.url.unwrap_or_else(|| "http://127.0.0.1:8080".into()),
+        },
+        Kind::Redis => Target::Redis {
+            url: a.url.unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
+        },
+    };
+    let cfg = RunConfig {
+        label: a.label.unwrap_or_else(|| target.kind().to_string()),
+        target,
+        clients: a.clients,
+        subjects: a.subjects,
+        subject_prefix: a.subject_prefix,
+        route: a.route,
+        epoch: a.epoch,
+        units: a.units,
+        actual_units: a.actual_units,
+        stop: match a.cycles {
+            Some(n) => Stop::Cycles(n),
+            None => Stop::After(secs(a.duration_secs)),
+        },
+        warmup: secs(a.warmup_secs),
+        max_time: secs(a.max_secs),
+        max_errors: a.max_errors,
+        policy: BucketPolicy::default(),
+        publish: !a.no_publish,
+        run_id: fresh_run_id(),
+    };
+    let summary = run(cfg).await?;
+    print!("{}", summary.table());
+    let line = summary.json_line();
+    println!("{line}");
+    if let Some(path) = a.json_out {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("opening {path}: {e}"))?;
+        writeln!(f, "{line}").map_err(|e| format!("writing {path}: {e}"))?;
+    }
+    Ok(if summary.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+async fn wait_cmd(kind: Kind, url: String, timeout: Duration) -> Result<ExitCode, String> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::from("no attempt");
+    while Instant::now() < deadline {
+        let ready = match kind {
+            Kind::Reservoir => {
+                let mut c = reservoir_loadgen::http::HttpConn::new(
+                    reservoir_loadgen::http::authority_of(&url)?,
+                );
+                match c.get("/readyz").await {
+                    Ok((s, _)) if s.is_success() => true,
+                    Ok((s, _)) => {
+                        last = format!("/readyz answered {s}");
+                        false
+                    }
+                    Err(e) => {
+                        last = e.to_string();
+                        false
+                    }
+                }
+            }
+            Kind::Redis => {
+                let attempt = async {
+                    let client = redis::Client::open(url.as_str())?;
+                    let mut conn = client.get_multiplexed_async_connection().await?;
+                    redis::cmd("PING").query_async::<String>(&mut conn).await
+                };
+                match attempt.await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        last = e.to_string();
+                        false
+                    }
+                }
+            }
+        };
+        if ready {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("{url} not ready after {timeout:?}: {last}"))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let result = match Cli::parse().cmd {
+        Cmd::Run(a) => run_cmd(a).await,
+        Cmd::Report {
+            file,
+            reservoir_label,
+            redis_always_label,
+            redis_none_label,
+        } => std::fs::read_to_string(&file)
+            .map_err(|e| format!("reading {file}: {e}"))
+            .and_then(|t| parse_lines(&t))
+            .map(|runs| {
+                let labels = Labels {
+                    reservoir: &reservoir_label,
+                    redis_always: &redis_always_label,
+                    redis_none: &redis_none_label,
+                };
+                print!("{}", markdown(&runs, &labels));
+                ExitCode::SUCCESS
+            }),
+        Cmd::Wait {
+            target,
+            url,
+            timeout_secs,
+        } => wait_cmd(target, url, secs(timeout_secs)).await,
+        Cmd::FreePort => std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| {
+                println!("{}", a.port());
+                ExitCode::SUCCESS
+            })
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("reservoir-loadgen: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

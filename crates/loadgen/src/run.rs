@@ -1,0 +1,453 @@
+//! The load loop: N clients, each with its own connection, driving
+//! reserve → start → settle cycles against one target until a deadline or a
+//! cycle budget is reached (and always before a hard time cap), spread over S
+//! subjects so that S ledger partitions (or Redis buckets) are hot at once.
+
+use crate::http::{authority_of, HttpConn, HttpError};
+use crate::redis_ledger::{BucketPolicy, Keys, RedisLedger, Reply, Scripts};
+use crate::stats::{Recorder, RunShape, Step, Summary};
+use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which system the cycles run against.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// `reservoir serve` over HTTP, base URL such as `http://127.0.0.1:8080`.
+    Reservoir {
+        /// Base URL.
+        url: String,
+    },
+    /// Redis with the Lua scripts, URL such as `redis://127.0.0.1:6379`.
+    Redis {
+        /// Connection URL.
+        url: String,
+    },
+}
+
+impl Target {
+    /// `reservoir` or `redis`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Target::Reservoir { .. } => "reservoir",
+            Target::Redis { .. } => "redis",
+        }
+    }
+}
+
+/// When a run stops (it also always stops at [`RunConfig::max_time`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Stop {
+    /// Start no new cycle after warm-up plus this long.
+    After(Duration),
+    /// Start exactly this many cycles in total (warm-up included).
+    Cycles(u64),
+}
+
+/// Everything one run needs.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The system under test.
+    pub target: Target,
+    /// Name of the run in reports.
+    pub label: String,
+    /// Concurrent clients, one connection each.
+    pub clients: usize,
+    /// Subjects (tenants) the clients are spread over, round robin.
+    pub subjects: usize,
+    /// Subjects are named `{subject_prefix}1 ..= {subject_prefix}S`.
+    pub subject_prefix: String,
+    /// Route of every reservation.
+    pub route: String,
+    /// Accounting epoch sent with the policies.
+    pub epoch: String,
+    /// Units reserved per cycle.
+    pub units: u64,
+    /// Units settled per cycle.
+    pub actual_units: u64,
+    /// When to stop.
+    pub stop: Stop,
+    /// Cycles started before this are run but not measured.
+    pub warmup: Duration,
+    /// Hard cap on the whole run, whatever `stop` says.
+    pub max_time: Duration,
+    /// Stop early after this many errors.
+    pub max_errors: u64,
+    /// Policy published for every subject before the run.
+    pub policy: BucketPolicy,
+    /// Publish the policies first (skip when they already exist).
+    pub publish: bool,
+    /// Makes reservation ids unique across runs against the same server.
+    pub run_id: String,
+}
+
+impl RunConfig {
+    /// Subject of client `i`.
+    pub fn subject(&self, i: usize) -> String {
+        format!("{}{}", self.subject_prefix, i % self.subjects.max(1) + 1)
+    }
+}
+
+/// A run id unique enough for one machine: time and process id, in hex.
+pub fn fresh_run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{:x}{:x}",
+        (nanos as u64) & 0xff_ffff_ffff,
+        std::process::id()
+    )
+}
+
+/// The HTTP body of `POST /v1/policies` for `subject`.
+pub fn policy_body(cfg: &RunConfig, subject: &str) -> serde_json::Value {
+    let p = &cfg.policy;
+    json!({
+        "accounting_epoch": cfg.epoch,
+        "policy": {
+            "subject": subject,
+            "route": cfg.route,
+            "region": "local",
+            "capacity_unit": "tokens",
+            "refill": {"units": p.refill_units, "interval_ms": p.interval_ms},
+            "burst_units": p.burst_units,
+            "opening_units": p.opening_units,
+            "estimator_digest": "",
+            "max_reservation_units": p.max_reservation_units,
+            "hold_ttl_ms": p.hold_ttl_ms,
+            "hard_execution_limit_ms": 600_000,
+            "max_overdraft_units": 1_000_000,
+            "priority": 0,
+            "emergency_mode": "disabled",
+            "shadow_mode": false,
+            "generation": p.generation,
+        }
+    })
+}
+
+enum Client {
+    Http(HttpConn),
+    Redis(RedisLedger, Vec<Keys>),
+}
+
+/// One failed step: a short kind for the error table, and whether to back off.
+struct Failure {
+    kind: String,
+    transport: bool,
+}
+
+fn http_failure(e: HttpError) -> Failure {
+    let HttpError::Transport(msg) = e;
+    let kind = if msg.starts_with("connect") {
+        "transport: connect".to_string()
+    } else {
+        "transport".to_string()
+    };
+    Failure {
+        kind,
+        transport: true,
+    }
+}
+
+fn redis_failure(e: redis::RedisError) -> Failure {
+    Failure {
+        kind: format!("redis error: {:?}", e.kind()),
+        transport: e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal(),
+    }
+}
+
+fn expect(reply: Reply, want: &str) -> Result<(), Failure> {
+    if reply.status == want {
+        Ok(())
+    } else {
+        Err(Failure {
+            kind: reply.status,
+            transport: false,
+        })
+    }
+}
+
+fn expect_2xx(status: hyper::StatusCode) -> Result<(), Failure> {
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(Failure {
+            kind: format!("HTTP {}", status.as_u16()),
+            transport: false,
+        })
+    }
+}
+
+impl Client {
+    async fn reserve(
+        &mut self,
+        cfg: &RunConfig,
+        slot: usize,
+        subject: &str,
+        id: &str,
+    ) -> Result<(), Failure> {
+        match self {
+            Client::Http(c) => {
+                let body =
+                    json!({"id": id, "subject": subject, "route": cfg.route, "units": cfg.units});
+                let (status, bytes) = c
+                    .post_json("/v1/reservations", &body)
+                    .await
+                    .map_err(http_failure)?;
+                expect_2xx(status)?;
+                // The receipt must name the reservation, its state and the log position.
+                let ok = serde_json::from_slice::<serde_json::Value>(&bytes).is_ok_and(|v| {
+                    v.get("id").and_then(|x| x.as_str()) == Some(id)
+                        && v.get("state").is_some()
+                        && v.get("log_position").is_some()
+                });
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Failure {
+                        kind: "bad receipt".into(),
+                        transport: false,
+                    })
+                }
+            }
+            Client::Redis(r, keys) => {
+                let reply = r
+                    .reserve(&keys[slot], id, subject, cfg.units)
+                    .await
+                    .map_err(redis_failure)?;
+                expect(reply, "HELD")
+            }
+        }
+    }
+
+    async fn start(&mut self, slot: usize, id: &str) -> Result<(), Failure> {
+        let op = format!("op-{id}");
+        match self {
+            Client::Http(c) => {
+                let path = format!("/v1/reservations/{id}/start");
+                let (status, _) = c
+                    .post_json(&path, &json!({"operation_id": op}))
+                    .await
+                    .map_err(http_failure)?;
+                expect_2xx(status)
+            }
+            Client::Redis(r, keys) => {
+                let reply = r.start(&keys[slot], id, &op).await.map_err(redis_failure)?;
+                expect(reply, "STARTED")
+            }
+        }
+    }
+
+    async fn settle(&mut self, cfg: &RunConfig, slot: usize, id: &str) -> Result<(), Failure> {
+        match self {
+            Client::Http(c) => {
+                let path = format!("/v1/reservations/{id}/settle");
+                let (status, _) = c
+                    .post_json(&path, &json!({"actual_units": cfg.actual_units}))
+                    .await
+                    .map_err(http_failure)?;
+                expect_2xx(status)
+            }
+            Client::Redis(r, keys) => {
+                let reply = r
+                    .settle(&keys[slot], id, cfg.actual_units)
+                    .await
+                    .map_err(redis_failure)?;
+                expect(reply, "SETTLED")
+            }
+        }
+    }
+
+    fn connects(&self) -> u64 {
+        match self {
+            Client::Http(c) => c.connects,
+            Client::Redis(..) => 1,
+        }
+    }
+}
+
+/// Publishes the policy of every subject. Returns the Redis script digests
+/// when the target is Redis.
+async fn setup(cfg: &RunConfig) -> Result<Option<Scripts>, String> {
+    let subjects: Vec<String> = (0..cfg.subjects).map(|i| cfg.subject(i)).collect();
+    match &cfg.target {
+        Target::Reservoir { url } => {
+            if cfg.publish {
+                let mut c = HttpConn::new(authority_of(url)?);
+                for s in &subjects {
+                    let (status, body) = c
+                        .post_json("/v1/policies", &policy_body(cfg, s))
+                        .await
+                        .map_err(|e| format!("publishing the policy of {s}: {e}"))?;
+                    if status.as_u16() == 409 {
+                        eprintln!("loadgen: policy of {s} already published (409), using it");
+                    } else if !status.is_success() {
+                        return Err(format!(
+                            "publishing the policy of {s}: HTTP {status}: {}",
+                            String::from_utf8_lossy(&body)
+                        ));
+                    }
+                }
+            }
+            Ok(None)
+        }
+        Target::Redis { url } => {
+            let mut r = RedisLedger::connect(url)
+                .await
+                .map_err(|e| format!("connecting to {url}: {e}"))?;
+            if cfg.publish {
+                for s in &subjects {
+                    let reply = r
+                        .publish_policy(&Keys::new(s, &cfg.route), &cfg.policy)
+                        .await
+                        .map_err(|e| format!("publishing the policy of {s}: {e}"))?;
+                    if reply.status == "STALE" {
+                        eprintln!(
+                            "loadgen: bucket of {s} already has generation {}, using it",
+                            reply.int(0)
+                        );
+                    }
+                }
+            }
+            Ok(Some(r.scripts().clone()))
+        }
+    }
+}
+
+struct Shared {
+    cfg: RunConfig,
+    measure_start: Instant,
+    end: Instant,
+    hard_end: Instant,
+    claimed: AtomicU64,
+    errors: AtomicU64,
+}
+
+async fn client_loop(idx: usize, mut client: Client, sh: Arc<Shared>) -> (Recorder, u64) {
+    let cfg = &sh.cfg;
+    let subject = cfg.subject(idx);
+    let slot = idx % cfg.subjects.max(1);
+    let mut rec = Recorder::default();
+    let mut seq: u64 = 0;
+    loop {
+        let now = Instant::now();
+        if now >= sh.hard_end || sh.errors.load(Ordering::Relaxed) >= cfg.max_errors {
+            break;
+        }
+        match cfg.stop {
+            Stop::After(_) if now >= sh.end => break,
+            Stop::Cycles(n) if sh.claimed.fetch_add(1, Ordering::Relaxed) >= n => break,
+            _ => {}
+        }
+        seq += 1;
+        let id = format!("lg-{}-{idx}-{seq}", cfg.run_id);
+        let t0 = Instant::now();
+        let measured = t0 >= sh.measure_start;
+
+        let mut times = [Duration::ZERO; 3];
+        let mut result = client.reserve(cfg, slot, &subject, &id).await;
+        times[0] = t0.elapsed();
+        let mut failed_step = Step::Reserve;
+        if result.is_ok() {
+            let t = Instant::now();
+            result = client.start(slot, &id).await;
+            times[1] = t.elapsed();
+            failed_step = Step::Start;
+        }
+        if result.is_ok() {
+            let t = Instant::now();
+            result = client.settle(cfg, slot, &id).await;
+            times[2] = t.elapsed();
+            failed_step = Step::Settle;
+        }
+        match result {
+            Ok(()) if measured => {
+                rec.step(Step::Reserve, times[0]);
+                rec.step(Step::Start, times[1]);
+                rec.step(Step::Settle, times[2]);
+                rec.cycle(t0.elapsed());
+            }
+            Ok(()) => rec.warmup_cycles += 1,
+            Err(f) => {
+                rec.error(failed_step, &f.kind);
+                sh.errors.fetch_add(1, Ordering::Relaxed);
+                if f.transport {
+                    // Do not spin on a dead server; the loop stays bounded by time.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+    let connects = client.connects();
+    (rec, connects)
+}
+
+/// Runs one benchmark and returns its summary.
+pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
+    if cfg.clients == 0 || cfg.subjects == 0 {
+        return Err("clients and subjects must be at least 1".into());
+    }
+    let scripts = setup(&cfg).await?;
+
+    let mut clients = Vec::with_capacity(cfg.clients);
+    for i in 0..cfg.clients {
+        clients.push(match &cfg.target {
+            Target::Reservoir { url } => Client::Http(HttpConn::new(authority_of(url)?)),
+            Target::Redis { url } => {
+                let r = RedisLedger::connect_with(url, scripts.clone().expect("loaded in setup"))
+                    .await
+                    .map_err(|e| format!("client {i} connecting to {url}: {e}"))?;
+                let keys = (0..cfg.subjects)
+                    .map(|s| Keys::new(&cfg.subject(s), &cfg.route))
+                    .collect();
+                Client::Redis(r, keys)
+            }
+        });
+    }
+
+    let start = Instant::now();
+    let measure_start = start + cfg.warmup;
+    let end = match cfg.stop {
+        Stop::After(d) => measure_start + d,
+        Stop::Cycles(_) => start + cfg.max_time,
+    };
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        measure_start,
+        end,
+        hard_end: start + cfg.max_time,
+        claimed: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+    });
+    let handles: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(client_loop(i, c, shared.clone())))
+        .collect();
+    let mut total = Recorder::default();
+    let mut connections = 0;
+    for h in handles {
+        let (rec, connects) = h.await.map_err(|e| format!("client task failed: {e}"))?;
+        total.merge(&rec);
+        connections += connects;
+    }
+    let finished = Instant::now();
+    let measured = finished.saturating_duration_since(measure_start);
+    Ok(Summary::new(
+        RunShape {
+            label: &cfg.label,
+            target: cfg.target.kind(),
+            clients: cfg.clients,
+            subjects: cfg.subjects,
+            units: cfg.units,
+            actual_units: cfg.actual_units,
+            warmup: cfg.warmup,
+            measured,
+            connections,
+        },
+        &total,
+    ))
+}

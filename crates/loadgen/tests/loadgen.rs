@@ -1,0 +1,340 @@
+//! Tests of the Redis + Lua baseline against a real `redis-server` started on a
+//! free loopback port (one per test), and of the report's ratios.
+//!
+//! Without `redis-server` on the PATH the Redis tests are skipped with a loud
+//! message, unless `CI` is set, where they fail (`scripts/setup` installs it).
+
+use reservoir_loadgen::redis_ledger::{BucketPolicy, Keys, RedisLedger};
+use reservoir_loadgen::report::{markdown, parse_lines, Labels};
+use reservoir_loadgen::run::{run, RunConfig, Stop, Target};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` without persistence on 127.0.0.1, killed on drop.
+struct Redis {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn redis() -> Option<Redis> {
+    let installed = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        if std::env::var_os("CI").is_some() {
+            panic!("redis-server is not installed in CI: scripts/setup should install it");
+        }
+        eprintln!(
+            "\n!!!!!!!!!! SKIPPED: redis-server is not installed; run scripts/setup !!!!!!!!!!\n"
+        );
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawning redis-server");
+    let r = Redis {
+        child,
+        url: format!("redis://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(c) = redis::Client::open(r.url.as_str()) {
+            if let Ok(mut conn) = c.get_multiplexed_async_connection().await {
+                if redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
+                {
+                    return Some(r);
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server did not answer within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Checks the books of one bucket against its lease records.
+async fn assert_conserved(r: &mut RedisLedger, keys: &Keys, burst: i64) {
+    let books = r.books(keys).await.unwrap();
+    assert!(books.balanced(), "books do not balance: {books:?}");
+    assert!(
+        books.tokens + books.held <= burst,
+        "above the burst: {books:?}"
+    );
+    let lease_keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", keys.lease_prefix()))
+        .query_async(r.conn())
+        .await
+        .unwrap();
+    let (mut held, mut spent) = (0i64, 0i64);
+    for k in &lease_keys {
+        let (state, amount, used): (String, i64, Option<i64>) = redis::cmd("HMGET")
+            .arg(k)
+            .arg(&["state", "amount", "used"])
+            .query_async(r.conn())
+            .await
+            .unwrap();
+        match state.as_str() {
+            "held" | "started" => held += amount,
+            "settled" => spent += used.unwrap(),
+            _ => {}
+        }
+    }
+    assert_eq!(books.held, held, "held counter vs lease records");
+    assert_eq!(books.spent, spent, "spent counter vs lease records");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_books_balance_after_a_bounded_contended_run() {
+    let Some(server) = redis().await else { return };
+    // A small bucket with a slow refill, so the run also hits refusals and refills.
+    let policy = BucketPolicy {
+        burst_units: 6_000,
+        refill_units: 30_000,
+        interval_ms: 1000,
+        opening_units: 6_000,
+        ..BucketPolicy::default()
+    };
+    let cfg = RunConfig {
+        target: Target::Redis {
+            url: server.url.clone(),
+        },
+        label: "test".into(),
+        clients: 24,
+        subjects: 3,
+        subject_prefix: "t-".into(),
+        route: "chat".into(),
+        epoch: "2026-11".into(),
+        units: 600,
+        actual_units: 180,
+        stop: Stop::Cycles(1_500),
+        warmup: Duration::ZERO,
+        max_time: Duration::from_secs(30),
+        max_errors: u64::MAX,
+        policy: policy.clone(),
+        publish: true,
+        run_id: "conservation".into(),
+    };
+    let summary = run(cfg.clone()).await.expect("run");
+    assert!(summary.cycles > 0, "{summary:?}");
+    assert!(
+        summary.error_detail.keys().all(|k| k == "reserve: REFUSED"),
+        "only refusals expected: {:?}",
+        summary.error_detail
+    );
+
+    let mut r = RedisLedger::connect(&server.url).await.unwrap();
+    let keys = Keys::new("t-1", "chat");
+    // Leave one lease held, one started, and settle one above its reservation.
+    assert_eq!(
+        r.reserve(&keys, "left-held", "t-1", 100)
+            .await
+            .unwrap()
+            .status,
+        "HELD"
+    );
+    assert_eq!(
+        r.reserve(&keys, "left-started", "t-1", 100)
+            .await
+            .unwrap()
+            .status,
+        "HELD"
+    );
+    assert_eq!(
+        r.start(&keys, "left-started", "op").await.unwrap().status,
+        "STARTED"
+    );
+    assert_eq!(
+        r.reserve(&keys, "over", "t-1", 100).await.unwrap().status,
+        "HELD"
+    );
+    let s = r.settle(&keys, "over", 250).await.unwrap();
+    assert_eq!((s.status.as_str(), s.int(2)), ("SETTLED", -150));
+
+    let (mut settled_cycles, mut minted) = (0, 0);
+    for i in 0..cfg.subjects {
+        let keys = Keys::new(&cfg.subject(i), "chat");
+        assert_conserved(&mut r, &keys, policy.burst_units as i64).await;
+        let b = r.books(&keys).await.unwrap();
+        settled_cycles += b.spent;
+        minted += b.minted;
+    }
+    assert!(minted > 0, "the run was meant to outlast the opening balance");
+    // Every measured cycle spent 180; the extra settle spent 250.
+    assert_eq!(settled_cycles, summary.cycles as i64 * 180 + 250);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_reserve_start_settle_are_idempotent_and_refuse_cleanly() {
+    let Some(server) = redis().await else { return };
+    let mut r = RedisLedger::connect(&server.url).await.unwrap();
+    let keys = Keys::new("tenant-x", "chat");
+    assert_eq!(
+        r.reserve(&keys, "a", "tenant-x", 10).await.unwrap().status,
+        "NO_POLICY"
+    );
+    let policy = BucketPolicy {
+        burst_units: 1_000,
+        refill_units: 1,
+        interval_ms: 60_000,
+        opening_units: 1_000,
+        max_reservation_units: 800,
+        ..BucketPolicy::default()
+    };
+    assert_eq!(
+        r.publish_policy(&keys, &policy).await.unwrap().status,
+        "CREATED"
+    );
+    assert_eq!(
+        r.publish_policy(&keys, &policy).await.unwrap().status,
+        "STALE"
+    );
+
+    assert_eq!(
+        r.reserve(&keys, "big", "tenant-x", 801)
+            .await
+            .unwrap()
+            .status,
+        "TOO_LARGE"
+    );
+    let held = r.reserve(&keys, "a", "tenant-x", 700).await.unwrap();
+    assert_eq!((held.status.as_str(), held.int(1)), ("HELD", 300));
+    // Same id and amount: answered from the lease, debited once.
+    assert_eq!(
+        r.reserve(&keys, "a", "tenant-x", 700).await.unwrap().status,
+        "DUPLICATE"
+    );
+    assert_eq!(r.books(&keys).await.unwrap().tokens, 300);
+    assert_eq!(
+        r.reserve(&keys, "a", "tenant-x", 5).await.unwrap().status,
+        "CONFLICT"
+    );
+    // Not enough left: refused with a retry hint, nothing written.
+    let refused = r.reserve(&keys, "b", "tenant-x", 400).await.unwrap();
+    assert_eq!(refused.status, "REFUSED");
+    assert!(refused.int(0) > 0, "retry-after {refused:?}");
+
+    assert_eq!(
+        r.start(&keys, "nope", "op").await.unwrap().status,
+        "UNKNOWN"
+    );
+    assert_eq!(r.start(&keys, "a", "op-1").await.unwrap().status, "STARTED");
+    assert_eq!(r.start(&keys, "a", "op-1").await.unwrap().status, "STARTED");
+    assert_eq!(
+        r.start(&keys, "a", "op-2").await.unwrap().status,
+        "CONFLICT"
+    );
+
+    let s = r.settle(&keys, "a", 200).await.unwrap();
+    assert_eq!(s.fields, ["700", "200", "500", "0"]);
+    // A retried settle is answered from the tombstone and credits nothing.
+    let again = r.settle(&keys, "a", 200).await.unwrap();
+    assert_eq!(again.fields, ["700", "200", "500", "1"]);
+    assert_eq!(r.settle(&keys, "a", 300).await.unwrap().status, "CONFLICT");
+    assert_eq!(r.settle(&keys, "nope", 1).await.unwrap().status, "UNKNOWN");
+    let books = r.books(&keys).await.unwrap();
+    assert_eq!((books.tokens, books.held, books.spent), (800, 0, 200));
+    assert_conserved(&mut r, &keys, 1_000).await;
+    assert_eq!(
+        r.start(&keys, "a", "op-1").await.unwrap().status,
+        "INVALID_STATE"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_sweeper_refunds_expired_leases_once() {
+    let Some(server) = redis().await else { return };
+    let mut r = RedisLedger::connect(&server.url).await.unwrap();
+    let keys = Keys::new("tenant-s", "chat");
+    let policy = BucketPolicy {
+        burst_units: 1_000,
+        refill_units: 1,
+        interval_ms: 60_000,
+        opening_units: 1_000,
+        hold_ttl_ms: 50,
+        ..BucketPolicy::default()
+    };
+    r.publish_policy(&keys, &policy).await.unwrap();
+    for id in ["x", "y", "z"] {
+        assert_eq!(
+            r.reserve(&keys, id, "tenant-s", 100).await.unwrap().status,
+            "HELD"
+        );
+    }
+    r.start(&keys, "y", "op").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(r.start(&keys, "x", "op").await.unwrap().status, "EXPIRED");
+    let swept = r.sweep(&keys, 2).await.unwrap();
+    assert_eq!(swept.status, "2", "bounded by the limit");
+    let swept = r.sweep(&keys, 100).await.unwrap();
+    assert_eq!((swept.status.as_str(), swept.int(0)), ("1", 100));
+    assert_eq!(r.sweep(&keys, 100).await.unwrap().status, "0");
+    let books = r.books(&keys).await.unwrap();
+    assert_eq!((books.tokens, books.held, books.expired), (1_000, 0, 300));
+    assert_eq!(
+        r.settle(&keys, "y", 10).await.unwrap().status,
+        "INVALID_STATE"
+    );
+    assert_conserved(&mut r, &keys, 1_000).await;
+}
+
+#[test]
+fn report_gives_both_ratios_and_flags_errors() {
+    let line = |label: &str, target: &str, cps: f64, errors: u64| {
+        format!(
+            r#"{{"label":"{label}","target":"{target}","clients":64,"subjects":8,"units":600,"actual_units":180,"warmup_s":2.0,"measured_s":10.0,"cycles":{c},"cycles_per_s":{cps},"cycle":{{"p50_us":1000,"p99_us":4000,"p999_us":5000,"max_us":6000,"mean_us":1200.0}},"reserve":{{"p50_us":300,"p99_us":1000,"p999_us":2000,"max_us":3000,"mean_us":400.0}},"start":{{"p50_us":300,"p99_us":1000,"p999_us":2000,"max_us":3000,"mean_us":400.0}},"settle":{{"p50_us":300,"p99_us":1000,"p999_us":2000,"max_us":3000,"mean_us":400.0}},"connections":64,"errors":{errors},"error_detail":{{}},"ok":{ok}}}"#,
+            c = (cps * 10.0) as u64,
+            ok = errors == 0
+        )
+    };
+    let text = [
+        line("reservoir", "reservoir", 6000.0, 0),
+        line("redis-always", "redis", 4000.0, 0),
+        line("redis-none", "redis", 12000.0, 3),
+    ]
+    .join("\n");
+    let runs = parse_lines(&text).unwrap();
+    let md = markdown(
+        &runs,
+        &Labels {
+            reservoir: "reservoir",
+            redis_always: "redis-always",
+            redis_none: "redis-none",
+        },
+    );
+    assert!(md.contains("**1.50×**"), "{md}");
+    assert!(md.contains("**0.50×**"), "{md}");
+    assert!(
+        md.contains("bar (reservoir durable ≥ redis appendfsync always, no errors): **met**"),
+        "{md}"
+    );
+    assert!(
+        md.contains("runs with errors (numbers not comparable): redis-none"),
+        "{md}"
+    );
+}
