@@ -184,7 +184,10 @@ async fn lua_books_balance_after_a_bounded_contended_run() {
         settled_cycles += b.spent;
         minted += b.minted;
     }
-    assert!(minted > 0, "the run was meant to outlast the opening balance");
+    assert!(
+        minted > 0,
+        "the run was meant to outlast the opening balance"
+    );
     // Every measured cycle spent 180; the extra settle spent 250.
     assert_eq!(settled_cycles, summary.cycles as i64 * 180 + 250);
 }
