@@ -45,6 +45,7 @@ pub mod partition;
 pub mod policy;
 pub mod rejection;
 pub mod reservation;
+pub mod sizing;
 pub mod types;
 
 pub use command::Command;
@@ -55,6 +56,7 @@ pub use partition::{apply, try_apply, ApplyError, Partition};
 pub use policy::{CapacityUnit, EmergencyMode, Policy, RefillRule};
 pub use rejection::{InvalidInput, Rejection, Transition};
 pub use reservation::{Reservation, ReservationState, ShadowVerdict};
+pub use sizing::{size_reservation, EstimatorConfig, RouteEstimate, Sizing, SizingRule};
 pub use types::{
     MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
 };
