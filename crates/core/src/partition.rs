@@ -7,6 +7,7 @@
 //! `decide` produced, while replay of an untrusted log calls [`try_apply`] and
 //! gets a typed finding instead of a crash or a half-applied event.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -152,26 +153,6 @@ impl Partition {
         }
         Ok(p)
     }
-
-    /// Validates a state move of `id` and returns the record.
-    fn check_move(
-        &self,
-        id: &ReservationId,
-        to: ReservationState,
-    ) -> Result<&Reservation, ApplyError> {
-        let r = self
-            .reservations
-            .get(id)
-            .ok_or_else(|| ApplyError::UnknownReservation(id.clone()))?;
-        if !r.state.can_move_to(to) {
-            return Err(ApplyError::IllegalTransition {
-                id: id.clone(),
-                from: r.state,
-                to,
-            });
-        }
-        Ok(r)
-    }
 }
 
 /// Folds one event into state. Panics if the event is invalid for this state,
@@ -185,10 +166,10 @@ pub fn apply(partition: &mut Partition, event: &Event) {
 
 /// Folds one event into state, or reports why it cannot, leaving state untouched.
 ///
-/// Check, then commit: the event is validated against the records
-/// ([`check_records`]), the new ledger is computed in a copy ([`ledger_effect`])
-/// and checked for conservation, and only then is anything mutated ([`commit`],
-/// which cannot fail).
+/// Check, then commit: the event is validated against the records, the new ledger
+/// is computed in a copy ([`ledger_effect`]) and checked for conservation, and
+/// only then is anything mutated. This is the writer's hot path, so a reservation
+/// is looked up once per event and the check and the mutation share the lookup.
 pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
     let expected = p.last_sequence + 1;
     if event.sequence != expected {
@@ -206,9 +187,49 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
     if !p.is_open() && !matches!(event.body, EventBody::PartitionOpened { .. }) {
         return Err(ApplyError::NotOpen);
     }
-    check_records(p, &event.body)?;
-    let mut l: Ledger = p.ledger;
-    ledger_effect(&mut l, &event.body)?;
+    let body = &event.body;
+    let ledger = if let EventBody::Reserved { id, .. } = body {
+        let Entry::Vacant(slot) = p.reservations.entry(id.clone()) else {
+            return Err(ApplyError::DuplicateReservation(id.clone()));
+        };
+        let record = new_record(body, event.at_ms)?;
+        let ledger = next_ledger(&p.ledger, p.policy.as_ref(), body)?;
+        slot.insert(record);
+        p.open_reservations += 1;
+        ledger
+    } else if let Some(id) = moved_reservation(body) {
+        let r = p
+            .reservations
+            .get_mut(id)
+            .ok_or_else(|| ApplyError::UnknownReservation(id.clone()))?;
+        let to = check_move(r, body)?;
+        let ledger = next_ledger(&p.ledger, p.policy.as_ref(), body)?;
+        move_record(r, body, to, event.at_ms);
+        if to.is_terminal() {
+            p.open_reservations -= 1;
+        }
+        ledger
+    } else {
+        check_other(p, body)?;
+        let ledger = next_ledger(&p.ledger, p.policy.as_ref(), body)?;
+        commit_other(p, event);
+        ledger
+    };
+    p.ledger = ledger;
+    p.last_sequence = event.sequence;
+    p.last_at_ms = event.at_ms;
+    Ok(())
+}
+
+/// The ledger after `body`, checked: every term in range, the conservation
+/// equation, debt >= 0, and a refill never lifting the bucket above the burst.
+fn next_ledger(
+    ledger: &Ledger,
+    policy: Option<&Policy>,
+    body: &EventBody,
+) -> Result<Ledger, ApplyError> {
+    let mut l = *ledger;
+    ledger_effect(&mut l, body)?;
     if let (
         EventBody::Refilled {
             minted_units,
@@ -216,7 +237,7 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
             ..
         },
         Some(policy),
-    ) = (&event.body, &p.policy)
+    ) = (body, policy)
     {
         // Refill credit above the burst is dropped, never minted: a refill that put
         // anything into `available` must leave `available + reserved <= burst`.
@@ -228,11 +249,7 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
         }
     }
     l.check()?;
-    commit(p, event);
-    p.ledger = l;
-    p.last_sequence = event.sequence;
-    p.last_at_ms = event.at_ms;
-    Ok(())
+    Ok(l)
 }
 
 /// The state a settlement ends in.
@@ -258,54 +275,86 @@ fn settled_held_units(
     )
 }
 
-/// Everything about `body` that depends on the records (not the ledger): it names
-/// known reservations, moves them along allowed edges, and its amounts match them.
-fn check_records(p: &Partition, body: &EventBody) -> Result<(), ApplyError> {
+/// The reservation an event moves to a new state (not the one a `Reserved` creates).
+fn moved_reservation(body: &EventBody) -> Option<&ReservationId> {
     match body {
-        EventBody::PartitionOpened {
-            key,
-            policy,
-            opening_units,
-        } => {
-            if p.is_open() {
-                return Err(ApplyError::AlreadyOpen);
-            }
-            if *opening_units != policy.opening_units || key.policy_generation != policy.generation
-            {
-                return Err(ApplyError::Inconsistent(
-                    "opening units or generation differ from the policy",
-                ));
-            }
-        }
-        EventBody::Reserved {
-            id,
-            reserved_units,
-            held_units,
-            shadow,
-            ..
-        } => {
-            if p.reservations.contains_key(id) {
-                return Err(ApplyError::DuplicateReservation(id.clone()));
-            }
-            if held_units > reserved_units || (shadow.is_none() && held_units != reserved_units) {
-                return Err(ApplyError::Inconsistent(
-                    "held units differ from reserved units outside shadow mode",
-                ));
-            }
-        }
-        EventBody::Started { id, .. } => {
-            p.check_move(id, ReservationState::Started)?;
-        }
+        EventBody::Started { id, .. }
+        | EventBody::Settled { id, .. }
+        | EventBody::Released { id, .. }
+        | EventBody::Expired { id, .. }
+        | EventBody::ExpiryBegan { id }
+        | EventBody::UsageUnknown { id } => Some(id),
+        _ => None,
+    }
+}
+
+/// The record a `Reserved` event creates, after checking its amounts agree.
+fn new_record(body: &EventBody, at: TimestampMs) -> Result<Reservation, ApplyError> {
+    let EventBody::Reserved {
+        id,
+        digest,
+        reserved_units,
+        held_units,
+        expires_at_ms,
+        shadow,
+    } = body
+    else {
+        unreachable!("called for Reserved only");
+    };
+    if held_units > reserved_units || (shadow.is_none() && held_units != reserved_units) {
+        return Err(ApplyError::Inconsistent(
+            "held units differ from reserved units outside shadow mode",
+        ));
+    }
+    Ok(Reservation {
+        id: id.clone(),
+        digest: *digest,
+        reserved_units: *reserved_units,
+        held_units: *held_units,
+        actual_units: None,
+        overdraft_units: 0,
+        operation_id: None,
+        state: ReservationState::Reserved,
+        reserved_at_ms: at,
+        expires_at_ms: *expires_at_ms,
+        started_at_ms: None,
+        execution_deadline_ms: None,
+        finished_at_ms: None,
+        shadow: *shadow,
+    })
+}
+
+/// Checks that `body` moves `r` along an allowed edge with amounts matching the
+/// record, and returns the state it moves to.
+fn check_move(r: &Reservation, body: &EventBody) -> Result<ReservationState, ApplyError> {
+    let to = match body {
+        EventBody::Started { .. } => ReservationState::Started,
         EventBody::Settled {
-            id,
+            overdraft_units, ..
+        } => settled_state(*overdraft_units),
+        EventBody::Released { .. } => ReservationState::Released,
+        EventBody::Expired { .. } => ReservationState::Expired,
+        EventBody::ExpiryBegan { .. } => ReservationState::Expiring,
+        EventBody::UsageUnknown { .. } => ReservationState::UsageUnknown,
+        _ => unreachable!("not a reservation move"),
+    };
+    if !r.state.can_move_to(to) {
+        return Err(ApplyError::IllegalTransition {
+            id: r.id.clone(),
+            from: r.state,
+            to,
+        });
+    }
+    match body {
+        EventBody::Settled {
             actual_units,
             refunded_units,
             from_available_units,
             overdraft_units,
             overdraft_limit_breached: _,
             from_usage_unknown,
+            ..
         } => {
-            let r = p.check_move(id, settled_state(*overdraft_units))?;
             if *from_usage_unknown != (r.state == ReservationState::UsageUnknown) {
                 return Err(ApplyError::Inconsistent(
                     "from_usage_unknown does not match the record",
@@ -325,23 +374,61 @@ fn check_records(p: &Partition, body: &EventBody) -> Result<(), ApplyError> {
                 ));
             }
         }
-        EventBody::Released { id, refunded_units } | EventBody::Expired { id, refunded_units } => {
-            let to = if matches!(body, EventBody::Released { .. }) {
-                ReservationState::Released
-            } else {
-                ReservationState::Expired
-            };
-            if *refunded_units != p.check_move(id, to)?.held_units {
+        EventBody::Released { refunded_units, .. } | EventBody::Expired { refunded_units, .. }
+            if *refunded_units != r.held_units =>
+        {
+            return Err(ApplyError::Inconsistent(
+                "a release or expiry refunds exactly the held units",
+            ));
+        }
+        _ => {}
+    }
+    Ok(to)
+}
+
+fn move_record(r: &mut Reservation, body: &EventBody, to: ReservationState, at: TimestampMs) {
+    r.state = to;
+    match body {
+        EventBody::Started {
+            operation_id,
+            execution_deadline_ms,
+            ..
+        } => {
+            r.operation_id = Some(operation_id.clone());
+            r.started_at_ms = Some(at);
+            r.execution_deadline_ms = Some(*execution_deadline_ms);
+        }
+        EventBody::Settled {
+            actual_units,
+            overdraft_units,
+            ..
+        } => {
+            r.actual_units = Some(*actual_units);
+            r.overdraft_units = *overdraft_units;
+            r.finished_at_ms = Some(at);
+        }
+        EventBody::Released { .. } | EventBody::Expired { .. } => r.finished_at_ms = Some(at),
+        _ => {}
+    }
+}
+
+/// Record checks for events that create or move no reservation.
+fn check_other(p: &Partition, body: &EventBody) -> Result<(), ApplyError> {
+    match body {
+        EventBody::PartitionOpened {
+            key,
+            policy,
+            opening_units,
+        } => {
+            if p.is_open() {
+                return Err(ApplyError::AlreadyOpen);
+            }
+            if *opening_units != policy.opening_units || key.policy_generation != policy.generation
+            {
                 return Err(ApplyError::Inconsistent(
-                    "a release or expiry refunds exactly the held units",
+                    "opening units or generation differ from the policy",
                 ));
             }
-        }
-        EventBody::ExpiryBegan { id } => {
-            p.check_move(id, ReservationState::Expiring)?;
-        }
-        EventBody::UsageUnknown { id } => {
-            p.check_move(id, ReservationState::UsageUnknown)?;
         }
         EventBody::ShardIssued { shard_id, .. } if p.shards_issued.contains_key(shard_id) => {
             return Err(ApplyError::Inconsistent("shard issued twice"));
@@ -355,13 +442,7 @@ fn check_records(p: &Partition, body: &EventBody) -> Result<(), ApplyError> {
         EventBody::MovedIn { move_id, .. } if p.moves_in.contains_key(move_id) => {
             return Err(ApplyError::Inconsistent("move in recorded twice"));
         }
-        EventBody::Refilled { .. }
-        | EventBody::AdmissionRefused { .. }
-        | EventBody::ShardIssued { .. }
-        | EventBody::ShardReminted { .. }
-        | EventBody::Closed
-        | EventBody::MovedOut { .. }
-        | EventBody::MovedIn { .. } => {}
+        _ => {}
     }
     Ok(())
 }
@@ -445,89 +526,20 @@ pub fn ledger_effect(l: &mut Ledger, body: &EventBody) -> Result<(), ApplyError>
     Ok(())
 }
 
-fn record<'p>(p: &'p mut Partition, id: &ReservationId) -> &'p mut Reservation {
-    p.reservations.get_mut(id).expect("checked before commit")
-}
-
-/// The mutation of everything but the ledger. Runs only after every check passed,
-/// so the record lookups cannot fail.
-fn commit(p: &mut Partition, event: &Event) {
-    let at = event.at_ms;
+/// The mutation of everything but the ledger for events that create or move no
+/// reservation. Runs only after every check passed.
+fn commit_other(p: &mut Partition, event: &Event) {
     match &event.body {
         EventBody::PartitionOpened { key, policy, .. } => {
             p.key = Some(key.clone());
             p.policy = Some(policy.clone());
-            p.refill_anchor_ms = at;
+            p.refill_anchor_ms = event.at_ms;
         }
         EventBody::Refilled { remainder, .. } => {
-            p.refill_anchor_ms = at;
+            p.refill_anchor_ms = event.at_ms;
             p.refill_remainder = *remainder;
         }
-        EventBody::Reserved {
-            id,
-            digest,
-            reserved_units,
-            held_units,
-            expires_at_ms,
-            shadow,
-        } => {
-            let reservation = Reservation {
-                id: id.clone(),
-                digest: *digest,
-                reserved_units: *reserved_units,
-                held_units: *held_units,
-                actual_units: None,
-                overdraft_units: 0,
-                operation_id: None,
-                state: ReservationState::Reserved,
-                reserved_at_ms: at,
-                expires_at_ms: *expires_at_ms,
-                started_at_ms: None,
-                execution_deadline_ms: None,
-                finished_at_ms: None,
-                shadow: *shadow,
-            };
-            p.reservations.insert(id.clone(), reservation);
-            p.open_reservations += 1;
-        }
         EventBody::AdmissionRefused { .. } => p.refusals += 1,
-        EventBody::Started {
-            id,
-            operation_id,
-            execution_deadline_ms,
-        } => {
-            let r = record(p, id);
-            r.state = ReservationState::Started;
-            r.operation_id = Some(operation_id.clone());
-            r.started_at_ms = Some(at);
-            r.execution_deadline_ms = Some(*execution_deadline_ms);
-        }
-        EventBody::Settled {
-            id,
-            actual_units,
-            overdraft_units,
-            ..
-        } => {
-            let r = record(p, id);
-            r.state = settled_state(*overdraft_units);
-            r.actual_units = Some(*actual_units);
-            r.overdraft_units = *overdraft_units;
-            r.finished_at_ms = Some(at);
-            p.open_reservations -= 1;
-        }
-        EventBody::Released { id, .. } | EventBody::Expired { id, .. } => {
-            let to = if matches!(event.body, EventBody::Released { .. }) {
-                ReservationState::Released
-            } else {
-                ReservationState::Expired
-            };
-            let r = record(p, id);
-            r.state = to;
-            r.finished_at_ms = Some(at);
-            p.open_reservations -= 1;
-        }
-        EventBody::ExpiryBegan { id } => record(p, id).state = ReservationState::Expiring,
-        EventBody::UsageUnknown { id } => record(p, id).state = ReservationState::UsageUnknown,
         EventBody::ShardIssued {
             shard_id,
             units,
@@ -580,6 +592,15 @@ fn commit(p: &mut Partition, event: &Event) {
                 debt_units: *debt_units,
             };
             p.moves_in.insert(move_id.clone(), m);
+        }
+        EventBody::Reserved { .. }
+        | EventBody::Started { .. }
+        | EventBody::Settled { .. }
+        | EventBody::Released { .. }
+        | EventBody::Expired { .. }
+        | EventBody::ExpiryBegan { .. }
+        | EventBody::UsageUnknown { .. } => {
+            unreachable!("reservation events are committed by try_apply")
         }
     }
 }
