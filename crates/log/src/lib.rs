@@ -18,6 +18,7 @@
 use std::future::Future;
 
 pub mod codec;
+pub mod embedded;
 pub mod fence;
 
 use reservoir_core::{Event, PartitionKey};

@@ -11,3 +11,9 @@ mod fixtures;
 
 #[path = "log/codec.rs"]
 mod codec;
+
+#[path = "log/suite.rs"]
+pub mod suite;
+
+#[path = "log/embedded.rs"]
+mod embedded;

@@ -451,13 +451,14 @@ fn register(stale: &[(String, String, J)]) {
     let path = schemas_dir().join("registry.json");
     let mut file: J = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let lines = file["schemas"].as_array_mut().unwrap();
-    let mut next = lines
+    let first_id = lines
         .iter()
         .map(|l| l["id"].as_u64().unwrap())
         .max()
         .unwrap_or(0)
         + 1;
-    for (subject, source, bundled) in stale {
+    for (i, (subject, source, bundled)) in stale.iter().enumerate() {
+        let next = first_id + i as u64;
         let short = source.trim_end_matches(".avsc");
         let snapshot = format!("registered/{next}-{short}.avsc");
         std::fs::write(
@@ -466,8 +467,7 @@ fn register(stale: &[(String, String, J)]) {
         )
         .unwrap();
         lines.push(serde_json::json!({"id": next, "subject": subject, "source": source, "schema": snapshot}));
-        eprintln!("registered {subject} as id {next}: add (\"{next}\", include_str!(\"../../../schemas/{snapshot}\")) to codec::REGISTERED_SCHEMAS");
-        next += 1;
+        eprintln!("registered {subject} as id {next}: add ({next}, include_str!(\"../../../schemas/{snapshot}\")) to codec::REGISTERED_SCHEMAS");
     }
     std::fs::write(&path, serde_json::to_string_pretty(&file).unwrap() + "\n").unwrap();
 }

@@ -1,0 +1,534 @@
+//! The embedded log: [`EventLog`] on a local RocksDB, for one process and no
+//! broker (the default deployment).
+//!
+//! One log partition (0). Column family `entries` maps the big-endian offset to
+//! exactly the value bytes the Kafka log would carry ([`codec`]); column family
+//! `meta` holds the format tag and the latest claim, written in the same batch as
+//! the claim entry. So replay and projections read either log alike.
+//!
+//! Durability and group commit: one writer thread owns every write. `append`
+//! encodes its records on the caller's task, queues them, and waits; the thread
+//! drains everything queued into ONE `WriteBatch` written with `sync = true`,
+//! assigns dense offsets in queue order, publishes the new end offset and only
+//! then answers. A batch is acknowledged only after it is on disk, so after a
+//! crash the log holds every acknowledged entry, and RocksDB's atomic batches
+//! mean nothing torn. Readers never look past the published end, so they never
+//! see an entry whose write failed. After a failed write the log refuses further
+//! writes (what reached the disk is unknown until it is reopened).
+//!
+//! Fencing: RocksDB's lock file makes the process the only writer; the log still
+//! takes a [`Claim`] like the Kafka log does, so readers apply the one validity
+//! rule ([`crate::fence`]) to either log, and `append` refuses records that do
+//! not carry the held claim.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use reservoir_core::PartitionKey;
+use rocksdb::{
+    ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, WriteBatch,
+    WriteOptions, DB,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::{codec, Claim, EventLog, LogEntry, LogError, Position, Record};
+
+/// Column family holding the entries, keyed by big-endian offset.
+pub const ENTRIES_CF: &str = "entries";
+/// Column family holding the format tag and the latest claim.
+pub const META_CF: &str = "meta";
+const META_FORMAT: &[u8] = b"format";
+const META_CLAIM: &[u8] = b"latest_claim";
+/// Written once at creation; a directory holding anything else is refused.
+pub const FORMAT_TAG: &[u8] = b"reservoir.embedded-log.v1";
+
+/// Most records one `append` takes (same bound as the Kafka log).
+pub const APPEND_RECORDS_MAX: usize = 16_384;
+/// Most entries the writer puts in one synced write (a group of appends).
+pub const WRITE_GROUP_ENTRIES_MAX: usize = 65_536;
+/// Appends that may wait for the writer before `append` itself waits to queue.
+pub const QUEUE_DEPTH_MAX: usize = 1_024;
+
+/// The RocksDB options the embedded log opens its database with, so a baseline
+/// (the append bench) compares like with like.
+pub fn rocksdb_options() -> Options {
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    // Entries are written once, in key order, and read sequentially.
+    options.set_max_write_buffer_number(4);
+    options.set_write_buffer_size(64 << 20);
+    options
+}
+
+enum Request {
+    Append {
+        values: Vec<Vec<u8>>,
+        reply: oneshot::Sender<Result<u64, LogError>>,
+    },
+    Claim {
+        writer_id: String,
+        reply: oneshot::Sender<Result<(Claim, u64), LogError>>,
+    },
+}
+
+/// The embedded RocksDB implementation of [`EventLog`].
+pub struct EmbeddedLog {
+    path: PathBuf,
+    writer_id: String,
+    db: Arc<DB>,
+    queue: Option<mpsc::Sender<Request>>,
+    /// Offset one past the last acknowledged entry.
+    end: watch::Receiver<u64>,
+    held: Mutex<Option<Claim>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for EmbeddedLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedLog")
+            .field("path", &self.path)
+            .field("writer_id", &self.writer_id)
+            .field("end", &*self.end.borrow())
+            .finish()
+    }
+}
+
+fn storage(context: &str, e: impl std::fmt::Display) -> LogError {
+    LogError::Storage(format!("{context}: {e}"))
+}
+
+fn offset_key(offset: u64) -> [u8; 8] {
+    offset.to_be_bytes()
+}
+
+impl EmbeddedLog {
+    /// Opens (or creates) the log at `path`, as writer `writer_id`. Fails with
+    /// [`LogError::Unavailable`] if another process (or another `EmbeddedLog` in
+    /// this one) has it open.
+    pub fn open(path: impl AsRef<Path>, writer_id: impl Into<String>) -> Result<Self, LogError> {
+        let path = path.as_ref().to_path_buf();
+        let cfs =
+            [ENTRIES_CF, META_CF].map(|name| ColumnFamilyDescriptor::new(name, rocksdb_options()));
+        let db = DB::open_cf_descriptors(&rocksdb_options(), &path, cfs).map_err(|e| {
+            let text = e.to_string();
+            if text.contains("lock") || text.contains("Resource temporarily unavailable") {
+                LogError::Unavailable(format!(
+                    "embedded log {} is locked by another process (or already open in this one): {text}",
+                    path.display()
+                ))
+            } else {
+                storage(&format!("opening {}", path.display()), text)
+            }
+        })?;
+        let (end, latest_claim) = recover(&db, &path)?;
+        let db = Arc::new(db);
+        let (end_tx, end_rx) = watch::channel(end);
+        let (queue_tx, queue_rx) = mpsc::channel(QUEUE_DEPTH_MAX);
+        let writer = Writer {
+            db: db.clone(),
+            next_offset: end,
+            latest_claim,
+            end: end_tx,
+            failed: None,
+        };
+        let writer = std::thread::Builder::new()
+            .name("reservoir-embedded-log".into())
+            .spawn(move || writer.run(queue_rx))
+            .map_err(|e| storage("spawning the writer thread", e))?;
+        tracing::info!(path = %path.display(), end, "opened embedded log");
+        Ok(Self {
+            path,
+            writer_id: writer_id.into(),
+            db,
+            queue: Some(queue_tx),
+            end: end_rx,
+            held: Mutex::new(None),
+            writer: Some(writer),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn writer_id(&self) -> &str {
+        &self.writer_id
+    }
+
+    /// Takes the log partition: appends a claim with an epoch above every claim
+    /// in the log. Records appended afterwards must carry the returned claim.
+    /// Same contract as the Kafka log's `claim`.
+    pub async fn claim(&self, log_partition: u32) -> Result<Claim, LogError> {
+        check_partition(log_partition)?;
+        let (reply, answer) = oneshot::channel();
+        self.send(Request::Claim {
+            writer_id: self.writer_id.clone(),
+            reply,
+        })
+        .await?;
+        let (claim, _offset) = answer.await.map_err(|_| writer_gone())??;
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(claim.clone());
+        Ok(claim)
+    }
+
+    /// The claim this log instance holds, if it has claimed.
+    pub fn held_claim(&self) -> Option<Claim> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    async fn send(&self, request: Request) -> Result<(), LogError> {
+        let queue = self.queue.as_ref().ok_or_else(writer_gone)?;
+        queue.send(request).await.map_err(|_| writer_gone())
+    }
+}
+
+fn writer_gone() -> LogError {
+    LogError::Unavailable("the embedded log's writer thread has stopped".into())
+}
+
+fn check_partition(log_partition: u32) -> Result<(), LogError> {
+    if log_partition == 0 {
+        Ok(())
+    } else {
+        Err(LogError::Invalid(format!(
+            "the embedded log has only log partition 0, not {log_partition}"
+        )))
+    }
+}
+
+/// End offset and latest claim of an existing log; tags a new one.
+fn recover(db: &DB, path: &Path) -> Result<(u64, Option<Claim>), LogError> {
+    let meta = db
+        .cf_handle(META_CF)
+        .ok_or_else(|| storage("recover", "no meta column family"))?;
+    let entries = db
+        .cf_handle(ENTRIES_CF)
+        .ok_or_else(|| storage("recover", "no entries column family"))?;
+    match db
+        .get_cf(meta, META_FORMAT)
+        .map_err(|e| storage("recover", e))?
+    {
+        Some(tag) if tag == FORMAT_TAG => {}
+        Some(tag) => {
+            return Err(LogError::Invalid(format!(
+                "{} holds format {:?}, not {:?}",
+                path.display(),
+                String::from_utf8_lossy(&tag),
+                String::from_utf8_lossy(FORMAT_TAG)
+            )))
+        }
+        None => {
+            let mut options = WriteOptions::default();
+            options.set_sync(true);
+            db.put_cf_opt(meta, META_FORMAT, FORMAT_TAG, &options)
+                .map_err(|e| storage("tagging a new log", e))?;
+        }
+    }
+    let end = match db.iterator_cf(entries, IteratorMode::End).next() {
+        None => 0,
+        Some(Ok((key, _))) => {
+            let key: [u8; 8] = key
+                .as_ref()
+                .try_into()
+                .map_err(|_| storage("recover", "entry key is not 8 bytes"))?;
+            u64::from_be_bytes(key) + 1
+        }
+        Some(Err(e)) => return Err(storage("recover", e)),
+    };
+    let latest_claim = match db
+        .get_cf(meta, META_CLAIM)
+        .map_err(|e| storage("recover", e))?
+    {
+        None => None,
+        Some(bytes) => match codec::decode(&bytes) {
+            Ok(LogEntry::Claim(claim)) => Some(claim),
+            other => {
+                return Err(storage(
+                    "recover",
+                    format!("latest claim is unreadable: {other:?}"),
+                ))
+            }
+        },
+    };
+    Ok((end, latest_claim))
+}
+
+struct Writer {
+    db: Arc<DB>,
+    next_offset: u64,
+    latest_claim: Option<Claim>,
+    end: watch::Sender<u64>,
+    /// Set after a failed write: what reached the disk is unknown, so nothing
+    /// more is written until the log is reopened and recovered.
+    failed: Option<String>,
+}
+
+impl Writer {
+    fn run(mut self, mut queue: mpsc::Receiver<Request>) {
+        while let Some(first) = queue.blocking_recv() {
+            let mut group = vec![first];
+            let mut entries = group_entries(&group[0]);
+            while entries < WRITE_GROUP_ENTRIES_MAX {
+                match queue.try_recv() {
+                    Ok(request) => {
+                        entries += group_entries(&request);
+                        group.push(request);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.write_group(group);
+        }
+    }
+
+    fn write_group(&mut self, group: Vec<Request>) {
+        if let Some(reason) = &self.failed {
+            let reason = reason.clone();
+            return reply_all(group, || {
+                LogError::Unavailable(format!(
+                    "an earlier write failed ({reason}); reopen the log"
+                ))
+            });
+        }
+        let (Some(entries_cf), Some(meta_cf)) =
+            (self.db.cf_handle(ENTRIES_CF), self.db.cf_handle(META_CF))
+        else {
+            return reply_all(group, || storage("write", "column family missing"));
+        };
+        let mut batch = WriteBatch::default();
+        let mut offset = self.next_offset;
+        // Per request: its first offset, or the claim it makes.
+        let mut outcomes: Vec<Result<(u64, Option<Claim>), LogError>> =
+            Vec::with_capacity(group.len());
+        let mut latest_claim = self.latest_claim.clone();
+        for request in &group {
+            match request {
+                Request::Append { values, .. } => {
+                    outcomes.push(Ok((offset, None)));
+                    for value in values {
+                        batch.put_cf(entries_cf, offset_key(offset), value);
+                        offset += 1;
+                    }
+                }
+                Request::Claim { writer_id, .. } => {
+                    let epoch = latest_claim.as_ref().map_or(0, |c| c.epoch) + 1;
+                    let claim = Claim {
+                        writer_id: writer_id.clone(),
+                        epoch,
+                    };
+                    match codec::encode(&LogEntry::Claim(claim.clone())) {
+                        Ok(value) => {
+                            batch.put_cf(entries_cf, offset_key(offset), &value);
+                            batch.put_cf(meta_cf, META_CLAIM, &value);
+                            outcomes.push(Ok((offset, Some(claim.clone()))));
+                            latest_claim = Some(claim);
+                            offset += 1;
+                        }
+                        Err(e) => outcomes.push(Err(LogError::Invalid(e.to_string()))),
+                    }
+                }
+            }
+        }
+        let mut options = WriteOptions::default();
+        options.set_sync(true);
+        if let Err(e) = self.db.write_opt(batch, &options) {
+            let reason = e.to_string();
+            tracing::error!(error = %reason, "embedded log write failed; refusing further writes");
+            self.failed = Some(reason.clone());
+            return reply_all(group, || {
+                LogError::Storage(format!("synced write failed: {reason}"))
+            });
+        }
+        assert!(offset >= self.next_offset, "offsets only grow");
+        self.next_offset = offset;
+        self.latest_claim = latest_claim;
+        // Published before anyone is answered: an acknowledged entry is readable.
+        self.end.send_replace(offset);
+        for (request, outcome) in group.into_iter().zip(outcomes) {
+            match (request, outcome) {
+                (Request::Append { reply, .. }, Ok((first, _))) => {
+                    let _ = reply.send(Ok(first));
+                }
+                (Request::Claim { reply, .. }, Ok((at, Some(claim)))) => {
+                    let _ = reply.send(Ok((claim, at)));
+                }
+                (Request::Append { reply, .. }, Err(e)) => {
+                    let _ = reply.send(Err(e));
+                }
+                (Request::Claim { reply, .. }, Err(e)) => {
+                    let _ = reply.send(Err(e));
+                }
+                (Request::Claim { reply, .. }, Ok((_, None))) => {
+                    let _ = reply.send(Err(storage("claim", "no claim recorded")));
+                }
+            }
+        }
+    }
+}
+
+fn group_entries(request: &Request) -> usize {
+    match request {
+        Request::Append { values, .. } => values.len(),
+        Request::Claim { .. } => 1,
+    }
+}
+
+/// Answers every request of a group with the same error.
+fn reply_all(group: Vec<Request>, error: impl Fn() -> LogError) {
+    for request in group {
+        match request {
+            Request::Append { reply, .. } => {
+                let _ = reply.send(Err(error()));
+            }
+            Request::Claim { reply, .. } => {
+                let _ = reply.send(Err(error()));
+            }
+        }
+    }
+}
+
+impl Drop for EmbeddedLog {
+    fn drop(&mut self) {
+        // Closing the queue stops the writer after it has answered everything
+        // queued; joining it means the database is closed (and its lock
+        // released) once no reader holds it either.
+        self.queue.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl EventLog for EmbeddedLog {
+    fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
+        0
+    }
+
+    fn log_partitions(&self) -> u32 {
+        1
+    }
+
+    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        if batch.len() > APPEND_RECORDS_MAX {
+            return Err(LogError::Invalid(format!(
+                "batch of {} records exceeds {APPEND_RECORDS_MAX}",
+                batch.len()
+            )));
+        }
+        let Some(claim) = self.held_claim() else {
+            return Err(LogError::Invalid(
+                "log partition 0 is not claimed by this writer".into(),
+            ));
+        };
+        let mut values = Vec::with_capacity(batch.len());
+        for record in batch {
+            if record.writer_id != claim.writer_id || record.claim_epoch != claim.epoch {
+                return Err(LogError::Invalid(format!(
+                    "record written as {}@{} but this writer holds {}@{}",
+                    record.writer_id, record.claim_epoch, claim.writer_id, claim.epoch
+                )));
+            }
+            let value = codec::encode(&LogEntry::Record(record))
+                .map_err(|e| LogError::Invalid(e.to_string()))?;
+            values.push(value);
+        }
+        let count = values.len() as u64;
+        let (reply, answer) = oneshot::channel();
+        self.send(Request::Append { values, reply }).await?;
+        let first = answer.await.map_err(|_| writer_gone())??;
+        Ok((first..first + count)
+            .map(|offset| Position {
+                log_partition: 0,
+                offset,
+            })
+            .collect())
+    }
+
+    async fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        check_partition(log_partition)?;
+        let end = *self.end.borrow();
+        if from_offset >= end || max == 0 {
+            return Ok(Vec::new());
+        }
+        let until = end.min(from_offset.saturating_add(max as u64));
+        let entries = self
+            .db
+            .cf_handle(ENTRIES_CF)
+            .ok_or_else(|| storage("read", "no entries column family"))?;
+        let mut options = ReadOptions::default();
+        options.set_iterate_upper_bound(offset_key(until).to_vec());
+        let start = offset_key(from_offset);
+        let iter = self.db.iterator_cf_opt(
+            entries,
+            options,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::with_capacity((until - from_offset) as usize);
+        let mut expected = from_offset;
+        for item in iter {
+            let (key, value) = item.map_err(|e| storage("read", e))?;
+            let position = Position {
+                log_partition: 0,
+                offset: expected,
+            };
+            if key.as_ref() != offset_key(expected) {
+                return Err(LogError::Corrupt {
+                    position,
+                    reason: format!("hole: found key {key:?}"),
+                });
+            }
+            let entry = codec::decode(&value).map_err(|e| LogError::Corrupt {
+                position,
+                reason: e.to_string(),
+            })?;
+            out.push((position, entry));
+            expected += 1;
+        }
+        if expected != until {
+            let position = Position {
+                log_partition: 0,
+                offset: expected,
+            };
+            return Err(LogError::Corrupt {
+                position,
+                reason: "acknowledged entry missing".into(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
+        check_partition(log_partition)?;
+        Ok(*self.end.borrow())
+    }
+
+    async fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<bool, LogError> {
+        check_partition(log_partition)?;
+        let mut end = self.end.clone();
+        let reached = tokio::time::timeout(timeout, async {
+            end.wait_for(|end| *end > offset).await.is_ok()
+        })
+        .await;
+        match reached {
+            Ok(true) => Ok(true),
+            Ok(false) => Err(writer_gone()),
+            Err(_) => Ok(false),
+        }
+    }
+}
