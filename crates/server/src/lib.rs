@@ -42,13 +42,15 @@ pub struct RunningServer {
 }
 
 /// Binds, answers `/healthz` at once and `/readyz` with 503 while it recovers
-/// from `log`, then serves until `shutdown` resolves. `writer_id` and
-/// `claim_epoch` are stamped on every record.
+/// from `log`, then serves until `shutdown` resolves. `writer_id` and the
+/// claim epoch the writer holds in each log partition (`claim_epochs[p]`) are
+/// stamped on every record; claim the log before calling this, so recovery
+/// reads up to and including the claim.
 pub async fn start<L: EventLog>(
     config: Config,
     log: Arc<L>,
     writer_id: String,
-    claim_epoch: u64,
+    claim_epochs: Vec<u64>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, String> {
     config.validate()?;
@@ -90,7 +92,7 @@ pub async fn start<L: EventLog>(
             recovered.shards,
             index,
             writer_id,
-            claim_epoch,
+            claim_epochs,
             config.max_batch_commands,
             stop_rx.clone(),
         );

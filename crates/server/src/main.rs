@@ -56,7 +56,8 @@ async fn serve(config: Config) -> Result<(), String> {
         }
         LogKind::Memory => {
             let log = Arc::new(reservoir_server::memlog::MemoryLog::new());
-            reservoir_server::start(config.clone(), log, writer_id, 0, shutdown_signal()).await?
+            reservoir_server::start(config.clone(), log, writer_id, vec![0], shutdown_signal())
+                .await?
         }
     };
     tracing::info!(addr = %server.addr, log = ?config.log, data_dir = %config.data_dir.display(), "listening");

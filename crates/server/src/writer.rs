@@ -428,7 +428,10 @@ pub struct Shard {
     pub state: ShardState,
     pub index: Index,
     pub writer_id: String,
-    pub claim_epoch: u64,
+    /// The claim epoch this writer holds in each log partition.
+    pub claim_epochs: Arc<Vec<u64>>,
+    /// The log's `log_partition_for`, so records carry the right claim epoch.
+    pub log_partition_for: Arc<dyn Fn(&PartitionKey) -> u32 + Send + Sync>,
     pub max_batch_commands: usize,
 }
 
@@ -662,10 +665,11 @@ impl Shard {
                 batch.pending_positions.insert(id.clone(), index);
             }
         }
+        let log_partition = (self.log_partition_for)(key) as usize;
         batch.records.push(Record {
             key: key.clone(),
             writer_id: self.writer_id.clone(),
-            claim_epoch: self.claim_epoch,
+            claim_epoch: self.claim_epochs.get(log_partition).copied().unwrap_or(0),
             events,
         });
         index
@@ -972,11 +976,15 @@ pub fn spawn<L: EventLog>(
     states: Vec<ShardState>,
     index: Index,
     writer_id: String,
-    claim_epoch: u64,
+    claim_epochs: Vec<u64>,
     max_batch_commands: usize,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> (Writers, Vec<tokio::task::JoinHandle<()>>) {
     let shards = states.len();
+    let claim_epochs = Arc::new(claim_epochs);
+    let partition_log = log.clone();
+    let log_partition_for: Arc<dyn Fn(&PartitionKey) -> u32 + Send + Sync> =
+        Arc::new(move |key| partition_log.log_partition_for(key));
     let mut senders = Vec::with_capacity(shards);
     let mut handles = Vec::with_capacity(shards);
     for (id, state) in states.into_iter().enumerate() {
@@ -988,7 +996,8 @@ pub fn spawn<L: EventLog>(
             state,
             index: index.clone(),
             writer_id: writer_id.clone(),
-            claim_epoch,
+            claim_epochs: claim_epochs.clone(),
+            log_partition_for: log_partition_for.clone(),
             max_batch_commands,
         };
         handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));

@@ -1,0 +1,26 @@
+//! Integration tests of `reservoir serve` over real HTTP on 127.0.0.1.
+//!
+//! One test binary (fewer links of RocksDB), one module per area. Most tests start
+//! a server in-process on an ephemeral port; `crash` runs the real `reservoir`
+//! binary as a child process and kills it. Every test ends by checking
+//! conservation on every partition through `GET /v1/partitions`.
+
+#[path = "server/support.rs"]
+mod support;
+
+#[path = "server/failures.rs"]
+mod failures;
+#[path = "server/idempotency.rs"]
+mod idempotency;
+#[path = "server/lifecycle.rs"]
+mod lifecycle;
+#[path = "server/limits.rs"]
+mod limits;
+#[path = "server/malformed.rs"]
+mod malformed;
+#[path = "server/openapi.rs"]
+mod openapi;
+#[path = "server/recovery.rs"]
+mod recovery;
+#[path = "server/sweepers.rs"]
+mod sweepers;

@@ -1,0 +1,142 @@
+//! The OpenAPI 3 document is generated from the code; this checks it describes
+//! the contract: every route, the receipt's exact fields, and a policy schema
+//! whose fields are exactly the core `Policy`'s serde fields.
+
+use std::collections::BTreeSet;
+
+use reqwest::StatusCode;
+use reservoir_core::Policy;
+use serde_json::Value;
+
+use crate::support::*;
+
+fn props(doc: &Value, schema: &str) -> BTreeSet<String> {
+    doc["components"]["schemas"][schema]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("schema {schema} missing"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_matches_the_contract() {
+    let (s, _log, _dir) = TestServer::memory().await;
+    let (status, doc) = s.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths: BTreeSet<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    for (path, method) in [
+        ("/v1/policies", "post"),
+        ("/v1/policies/{subject}/{route}", "get"),
+        ("/v1/reservations", "post"),
+        ("/v1/reservations/{id}", "get"),
+        ("/v1/reservations/{id}/start", "post"),
+        ("/v1/reservations/{id}/settle", "post"),
+        ("/v1/reservations/{id}/release", "post"),
+        ("/v1/partitions", "get"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+    ] {
+        assert!(paths.contains(path), "{path} missing from {paths:?}");
+        assert!(doc["paths"][path][method].is_object(), "{method} {path}");
+    }
+    assert!(doc["paths"]["/v1/reservations"]["post"]["responses"]["429"].is_object());
+
+    let receipt: BTreeSet<String> = [
+        "id",
+        "subject",
+        "route",
+        "accounting_epoch",
+        "policy_generation",
+        "state",
+        "reserved_units",
+        "held_units",
+        "actual_units",
+        "operation_id",
+        "expires_at_ms",
+        "log_position",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(props(&doc, "Receipt"), receipt);
+    assert_eq!(
+        props(&doc, "LogPosition"),
+        ["log_partition", "offset"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+    assert_eq!(
+        props(&doc, "ReserveBody"),
+        ["id", "subject", "route", "units"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+
+    // The documented policy is the core's wire form, field for field.
+    let core = serde_json::to_value(Policy::example("t", "r", 1)).unwrap();
+    let core_fields: BTreeSet<String> = core.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(props(&doc, "PolicyDoc"), core_fields);
+    let refill: BTreeSet<String> = core["refill"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(props(&doc, "RefillRuleDoc"), refill);
+
+    // Problem details carry the RFC 9457 members.
+    let problem = props(&doc, "Problem");
+    for member in ["type", "title", "status", "detail"] {
+        assert!(problem.contains(member), "{member}");
+    }
+
+    // And a live receipt has exactly the documented fields.
+    s.publish(&policy("t", "r", 1, 100, 0), "e").await;
+    let (_, r) = s.reserve("a", "t", "r", 1).await;
+    let live: BTreeSet<String> = r.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(live, receipt);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_metrics() {
+    let (s, _log, _dir) = TestServer::memory().await;
+    assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
+    assert_eq!(s.get("/readyz").await.0, StatusCode::OK);
+    s.publish(&policy("t", "chat", 1, 1_000, 0), "e").await;
+    s.reserve("a", "t", "chat", 500).await;
+    s.post(
+        "/v1/reservations/a/start",
+        serde_json::json!({"operation_id": "op"}),
+    )
+    .await;
+    s.post(
+        "/v1/reservations/a/settle",
+        serde_json::json!({"actual_units": 250}),
+    )
+    .await;
+    let text = s.metrics().await;
+    for needle in [
+        "reservoir_admissions_total{route=\"chat\"}",
+        "reservoir_batch_commands_bucket",
+        "reservoir_batch_records_bucket",
+        "reservoir_append_seconds_bucket",
+        "reservoir_reservation_efficiency_bucket{route=\"chat\",le=\"0.5\"}",
+    ] {
+        assert!(
+            text.contains(needle),
+            "{needle} missing from metrics:\n{text}"
+        );
+    }
+    s.stop().await;
+}

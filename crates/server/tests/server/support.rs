@@ -1,0 +1,240 @@
+//! Test harness: an in-process server on 127.0.0.1:0 over any `EventLog`, a
+//! small JSON client, policies, and the conservation check every test ends with.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reservoir_core::Policy;
+use reservoir_log::EventLog;
+use reservoir_server::config::Config;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+pub struct TestServer {
+    pub base: String,
+    pub client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+/// Settings for tests: two shards, fast sweeps and refills.
+pub fn test_config(data_dir: &std::path::Path) -> Config {
+    Config {
+        data_dir: data_dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        writer_shards: 2,
+        sweep_interval: Duration::from_millis(50),
+        refill_interval: Duration::from_millis(100),
+        ..Config::default()
+    }
+}
+
+impl TestServer {
+    pub async fn start<L: EventLog>(log: Arc<L>, config: Config) -> TestServer {
+        let (tx, rx) = oneshot::channel::<()>();
+        let server =
+            reservoir_server::start(config, log, "test-writer".into(), vec![0], async move {
+                let _ = rx.await;
+            })
+            .await
+            .expect("server starts");
+        let t = TestServer {
+            base: format!("http://{}", server.addr),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+            stop: Some(tx),
+            done: Some(server.done),
+        };
+        t.wait_ready().await;
+        t
+    }
+
+    /// An in-process server on a fresh in-memory log.
+    pub async fn memory() -> (
+        TestServer,
+        Arc<reservoir_server::memlog::MemoryLog>,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(reservoir_server::memlog::MemoryLog::new());
+        let server = TestServer::start(log.clone(), test_config(dir.path())).await;
+        (server, log, dir)
+    }
+
+    pub async fn wait_ready(&self) {
+        for _ in 0..500 {
+            if let Ok(r) = self
+                .client
+                .get(format!("{}/readyz", self.base))
+                .send()
+                .await
+            {
+                if r.status() == StatusCode::OK {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("server never became ready");
+    }
+
+    /// Graceful stop, as on SIGTERM.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.done
+            .take()
+            .unwrap()
+            .await
+            .unwrap()
+            .expect("clean stop");
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        split(r).await
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        split(r).await
+    }
+
+    pub async fn publish(&self, policy: &Policy, epoch: &str) -> (StatusCode, Value) {
+        self.post(
+            "/v1/policies",
+            json!({"accounting_epoch": epoch, "policy": policy}),
+        )
+        .await
+    }
+
+    pub async fn reserve(
+        &self,
+        id: &str,
+        subject: &str,
+        route: &str,
+        units: u64,
+    ) -> (StatusCode, Value) {
+        self.post(
+            "/v1/reservations",
+            json!({"id": id, "subject": subject, "route": route, "units": units}),
+        )
+        .await
+    }
+
+    pub async fn partitions(&self) -> Vec<Value> {
+        let (status, body) = self.get("/v1/partitions").await;
+        assert_eq!(status, StatusCode::OK);
+        body.as_array().unwrap().clone()
+    }
+
+    /// Conservation and reserved = Σ held, on every partition, recomputed here too.
+    pub async fn assert_conserved(&self) -> Vec<Value> {
+        let parts = self.partitions().await;
+        for p in &parts {
+            assert_eq!(p["conservation"], "ok", "{p}");
+            let u = |k: &str| p[k].as_u64().unwrap();
+            assert_eq!(
+                u("opening_units") + u("minted_units") + u("overdraft_issued_units"),
+                u("available_units")
+                    + u("reserved_units")
+                    + u("spent_units")
+                    + u("retired_for_emergency_units")
+                    + u("overdraft_repaid_units"),
+                "{p}"
+            );
+            assert_eq!(
+                u("debt_units"),
+                u("overdraft_issued_units") - u("overdraft_repaid_units")
+            );
+        }
+        parts
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub async fn split(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    (status, body)
+}
+
+/// A policy for tests: `burst` units, opening full, refilling `refill_per_s` per second.
+pub fn policy(
+    subject: &str,
+    route: &str,
+    generation: u64,
+    burst: u64,
+    refill_per_s: u64,
+) -> Policy {
+    let mut p = Policy::example(subject, route, generation);
+    p.burst_units = burst;
+    p.opening_units = burst;
+    p.max_reservation_units = burst;
+    p.refill.units = refill_per_s;
+    p.refill.interval_ms = 1_000;
+    p.max_overdraft_units = burst;
+    p
+}
+
+pub fn problem_type(body: &Value) -> &str {
+    body["type"]
+        .as_str()
+        .unwrap_or("")
+        .trim_start_matches("https://reservoir.dev/problems/")
+}
+
+/// Polls `f` until it returns `Some`, for at most `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached in {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
