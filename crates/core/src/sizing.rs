@@ -166,6 +166,18 @@ mod tests {
         quantile_units: 90,
     };
 
+    /// (config, counted input, drift ppm, max_tokens, route, sibling, expected units, expected rule)
+    type Row = (
+        EstimatorConfig,
+        u64,
+        u64,
+        Option<u64>,
+        Option<RouteEstimate>,
+        Option<RouteEstimate>,
+        u64,
+        SizingRule,
+    );
+
     #[test]
     fn each_rule_in_order() {
         let with_default = EstimatorConfig {
@@ -173,16 +185,7 @@ mod tests {
             ..config()
         };
         // (config, counted input, drift ppm, max_tokens, route, sibling) -> (units, rule)
-        let rows: [(
-            EstimatorConfig,
-            u64,
-            u64,
-            Option<u64>,
-            Option<RouteEstimate>,
-            Option<RouteEstimate>,
-            u64,
-            SizingRule,
-        ); 8] = [
+        let rows: [Row; 8] = [
             (
                 config(),
                 1_000,
