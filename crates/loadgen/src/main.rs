@@ -148,9 +148,9 @@ async fn run_cmd(a: RunArgs) -> Result<ExitCode, String> {
         run_id: fresh_run_id(),
     };
     let summary = run(cfg).await?;
-    print!("{}", summary.table());
     let line = summary.json_line();
-    println!("{line}");
+    // A closed stdout (e.g. piped into `head`) must not lose the --json-out line.
+    let _ = writeln!(std::io::stdout(), "{}{line}", summary.table());
     if let Some(path) = a.json_out {
         let mut f = std::fs::OpenOptions::new()
             .create(true)
@@ -228,7 +228,7 @@ async fn main() -> ExitCode {
                     redis_always: &redis_always_label,
                     redis_none: &redis_none_label,
                 };
-                print!("{}", markdown(&runs, &labels));
+                let _ = write!(std::io::stdout(), "{}", markdown(&runs, &labels));
                 ExitCode::SUCCESS
             }),
         Cmd::Wait {

@@ -27,7 +27,39 @@ fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
 }
 
-/// The Markdown table and ratios. The last run of each label wins.
+/// The median throughput of the runs labelled `label`, with their count.
+fn median_rate(runs: &[Summary], label: &str) -> Option<(f64, usize)> {
+    let mut rates: Vec<f64> = runs
+        .iter()
+        .filter(|r| r.label == label)
+        .map(|r| r.cycles_per_s)
+        .collect();
+    if rates.is_empty() {
+        return None;
+    }
+    rates.sort_by(f64::total_cmp);
+    let n = rates.len();
+    let median = if n % 2 == 1 {
+        rates[n / 2]
+    } else {
+        (rates[n / 2 - 1] + rates[n / 2]) / 2.0
+    };
+    Some((median, n))
+}
+
+/// The median cycle p99 of the runs labelled `label`, in microseconds.
+fn median_p99(runs: &[Summary], label: &str) -> u64 {
+    let mut v: Vec<u64> = runs
+        .iter()
+        .filter(|r| r.label == label)
+        .map(|r| r.cycle.p99_us)
+        .collect();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+/// The Markdown table of every run, then the ratios of Reservoir against both
+/// Redis baselines. With several runs per label (rounds), ratios use medians.
 pub fn markdown(runs: &[Summary], labels: &Labels<'_>) -> String {
     let mut s = String::new();
     s.push_str("| run | cycles/s | cycle p50 ms | cycle p99 ms | reserve p50/p99 ms | start p50/p99 ms | settle p50/p99 ms | cycles | errors |\n");
@@ -50,27 +82,35 @@ pub fn markdown(runs: &[Summary], labels: &Labels<'_>) -> String {
             if r.ok { "" } else { " **FLAGGED**" },
         ));
     }
-    let find = |label: &str| runs.iter().rev().find(|r| r.label == label);
-    let res = find(labels.reservoir);
     s.push('\n');
-    for (name, base) in [
-        ("redis appendfsync always", find(labels.redis_always)),
-        ("redis without persistence", find(labels.redis_none)),
+    let res = median_rate(runs, labels.reservoir);
+    for (name, label) in [
+        ("redis appendfsync always", labels.redis_always),
+        ("redis without persistence", labels.redis_none),
     ] {
-        match (res, base) {
-            (Some(a), Some(b)) if b.cycles_per_s > 0.0 && b.cycle.p99_us > 0 => s.push_str(&format!(
-                "- reservoir ÷ {name}: **{:.2}×** throughput ({:.0} vs {:.0} cycles/s); cycle p99 {} vs {} ms\n",
-                a.cycles_per_s / b.cycles_per_s,
-                a.cycles_per_s,
-                b.cycles_per_s,
-                ms(a.cycle.p99_us),
-                ms(b.cycle.p99_us),
-            )),
+        match (res, median_rate(runs, label)) {
+            (Some((a, na)), Some((b, nb))) if b > 0.0 => {
+                let of = if na > 1 || nb > 1 {
+                    format!(", medians of {na} and {nb} runs")
+                } else {
+                    String::new()
+                };
+                s.push_str(&format!(
+                    "- reservoir ÷ {name}: **{:.2}×** throughput ({a:.0} vs {b:.0} cycles/s{of}); cycle p99 {} vs {} ms\n",
+                    a / b,
+                    ms(median_p99(runs, labels.reservoir)),
+                    ms(median_p99(runs, label)),
+                ))
+            }
             _ => s.push_str(&format!("- reservoir ÷ {name}: n/a (run missing)\n")),
         }
     }
-    if let (Some(a), Some(b)) = (res, find(labels.redis_always)) {
-        let met = a.ok && a.cycles_per_s >= b.cycles_per_s;
+    if let (Some((a, _)), Some((b, _))) = (res, median_rate(runs, labels.redis_always)) {
+        let clean = runs
+            .iter()
+            .filter(|r| r.label == labels.reservoir)
+            .all(|r| r.ok);
+        let met = clean && a >= b;
         s.push_str(&format!(
             "- bar (reservoir durable ≥ redis appendfsync always, no errors): **{}**\n",
             if met { "met" } else { "not met" }

@@ -340,4 +340,19 @@ fn report_gives_both_ratios_and_flags_errors() {
         md.contains("runs with errors (numbers not comparable): redis-none"),
         "{md}"
     );
+
+    // With rounds, ratios use the median of each label's runs.
+    let text = format!("{text}\n{}", line("reservoir", "reservoir", 8000.0, 0));
+    let md = markdown(
+        &parse_lines(&text).unwrap(),
+        &Labels {
+            reservoir: "reservoir",
+            redis_always: "redis-always",
+            redis_none: "redis-none",
+        },
+    );
+    assert!(
+        md.contains("**1.75×** throughput (7000 vs 4000 cycles/s, medians of 2 and 1 runs)"),
+        "{md}"
+    );
 }
