@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use reservoir_log::embedded::EmbeddedLog;
 use reservoir_server::config::{Cli, CliCommand, Config, LogKind};
 
 fn main() -> ExitCode {
@@ -18,6 +19,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -50,7 +52,27 @@ fn main() -> ExitCode {
 async fn serve(config: Config) -> Result<(), String> {
     let writer_id = format!("reservoir-{}-{}", hostname(), std::process::id());
     let server = match config.log {
-        LogKind::Embedded => return Err(embedded_not_built()),
+        LogKind::Embedded => {
+            let path = config.data_dir.join("log");
+            std::fs::create_dir_all(&path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            let log = EmbeddedLog::open(&path, writer_id).map_err(|e| e.to_string())?;
+            // Claim before recovery, so recovery reads up to and including the claim.
+            let claim = log
+                .claim(0)
+                .await
+                .map_err(|e| format!("cannot claim the embedded log: {e}"))?;
+            tracing::info!(path = %path.display(), epoch = claim.epoch, "claimed the embedded log");
+            let log = Arc::new(log);
+            reservoir_server::start(
+                config.clone(),
+                log,
+                claim.writer_id,
+                vec![claim.epoch],
+                shutdown_signal(),
+            )
+            .await?
+        }
         LogKind::Kafka => {
             return Err("--log kafka: the Kafka log is not built into the server yet".to_string())
         }
@@ -62,10 +84,6 @@ async fn serve(config: Config) -> Result<(), String> {
     };
     tracing::info!(addr = %server.addr, log = ?config.log, data_dir = %config.data_dir.display(), "listening");
     server.done.await.map_err(|e| e.to_string())?
-}
-
-fn embedded_not_built() -> String {
-    "--log embedded: the embedded log is not built into the server yet".to_string()
 }
 
 fn hostname() -> String {

@@ -8,6 +8,8 @@
 #[path = "server/support.rs"]
 mod support;
 
+#[path = "server/crash.rs"]
+mod crash;
 #[path = "server/failures.rs"]
 mod failures;
 #[path = "server/idempotency.rs"]
