@@ -8,7 +8,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_answer_the_same_receipt_and_debit_once() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     let (status, first) = s.reserve("id-1", "t", "r", 600).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -72,7 +72,7 @@ async fn retries_answer_the_same_receipt_and_debit_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_create_one_reservation() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     s.publish(&policy("t", "r", 1, 100_000, 0), "e").await;
     let s = std::sync::Arc::new(s);
     let mut tasks = Vec::new();

@@ -7,7 +7,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserve_start_settle_refunds_the_difference() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     let (status, body) = s
         .publish(
             &policy("tenant-7", "chat.generate", 1, 10_000, 0),
@@ -73,7 +73,7 @@ async fn reserve_start_settle_refunds_the_difference() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_returns_everything_and_idempotency_key_header_names_the_id() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     let resp = s
         .client
@@ -114,7 +114,7 @@ async fn release_returns_everything_and_idempotency_key_header_names_the_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_generation_becomes_active_and_the_old_one_closes_but_still_settles() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     let (status, _) = s.reserve("old", "t", "r", 100).await;
     assert_eq!(status, StatusCode::CREATED);

@@ -11,7 +11,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn insufficient_capacity_is_429_with_retry_after() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     // 1,000-unit bucket refilling 10 units a second.
     s.publish(&policy("t", "r", 7, 1_000, 10), "e").await;
     let (status, _) = s.reserve("a", "t", "r", 900).await;
@@ -60,7 +60,7 @@ async fn insufficient_capacity_is_429_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_too_large_has_its_own_type_even_with_a_full_bucket() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     let mut p = policy("t", "r", 1, 1_000, 10);
     p.max_reservation_units = 500;
     s.publish(&p, "e").await;
@@ -88,7 +88,7 @@ async fn request_too_large_has_its_own_type_even_with_a_full_bucket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overdraft_freezes_admission_until_refill_repays_the_debt() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     // 1,000-unit bucket, 300 units a second of refill.
     s.publish(&policy("t", "r", 1, 1_000, 300), "e").await;
     s.reserve("a", "t", "r", 1_000).await;
@@ -129,7 +129,7 @@ async fn overdraft_freezes_admission_until_refill_repays_the_debt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debt_outstanding_is_a_429_with_its_type() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     // Slow refill: 1 unit a second, so the debt stays while we look.
     s.publish(&policy("t", "r", 3, 1_000, 1), "e").await;
     s.reserve("a", "t", "r", 1_000).await;

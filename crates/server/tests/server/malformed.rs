@@ -8,7 +8,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_problem_json() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     s.reserve("ok-1", "t", "r", 10).await;
     let long_id = "x".repeat(129);

@@ -21,7 +21,7 @@ fn props(doc: &Value, schema: &str) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_document_matches_the_contract() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     let (status, doc) = s.get("/openapi.json").await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
@@ -110,7 +110,7 @@ async fn openapi_document_matches_the_contract() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
     assert_eq!(s.get("/readyz").await.0, StatusCode::OK);
     s.publish(&policy("t", "chat", 1, 1_000, 0), "e").await;

@@ -32,13 +32,21 @@ pub fn test_config(data_dir: &std::path::Path) -> Config {
 
 impl TestServer {
     pub async fn start<L: EventLog>(log: Arc<L>, config: Config) -> TestServer {
+        TestServer::start_as(log, config, "test-writer".into(), vec![0]).await
+    }
+
+    pub async fn start_as<L: EventLog>(
+        log: Arc<L>,
+        config: Config,
+        writer_id: String,
+        epochs: Vec<u64>,
+    ) -> TestServer {
         let (tx, rx) = oneshot::channel::<()>();
-        let server =
-            reservoir_server::start(config, log, "test-writer".into(), vec![0], async move {
-                let _ = rx.await;
-            })
-            .await
-            .expect("server starts");
+        let server = reservoir_server::start(config, log, writer_id, epochs, async move {
+            let _ = rx.await;
+        })
+        .await
+        .expect("server starts");
         let t = TestServer {
             base: format!("http://{}", server.addr),
             client: reqwest::Client::builder()
@@ -62,6 +70,27 @@ impl TestServer {
         let log = Arc::new(reservoir_server::memlog::MemoryLog::new());
         let server = TestServer::start(log.clone(), test_config(dir.path())).await;
         (server, log, dir)
+    }
+
+    /// An in-process server on the embedded log in `dir` (claimed first, as the binary does).
+    pub async fn embedded_in(dir: &std::path::Path) -> TestServer {
+        let log = reservoir_log::embedded::EmbeddedLog::open(dir.join("log"), "test-writer")
+            .expect("open log");
+        let claim = log.claim(0).await.expect("claim");
+        TestServer::start_as(
+            Arc::new(log),
+            test_config(dir),
+            claim.writer_id,
+            vec![claim.epoch],
+        )
+        .await
+    }
+
+    /// An in-process server on a fresh embedded log in a temporary directory.
+    pub async fn embedded() -> (TestServer, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let server = TestServer::embedded_in(dir.path()).await;
+        (server, dir)
     }
 
     pub async fn wait_ready(&self) {

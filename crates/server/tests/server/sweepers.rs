@@ -11,7 +11,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unstarted_lease_expires_and_refunds() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     let mut p = policy("t", "r", 1, 1_000, 0);
     p.hold_ttl_ms = 200;
     s.publish(&p, "e").await;
@@ -42,7 +42,7 @@ async fn an_unstarted_lease_expires_and_refunds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_started_call_past_its_limit_becomes_usage_unknown() {
-    let (s, _log, _dir) = TestServer::memory().await;
+    let (s, _dir) = TestServer::embedded().await;
     let mut p = policy("t", "r", 1, 1_000, 0);
     p.hard_execution_limit_ms = 200;
     s.publish(&p, "e").await;
