@@ -61,6 +61,7 @@ pub async fn start<L: EventLog>(
     let state = api::AppState::new(telemetry::install());
     let app = api::router(state.clone(), config.max_body_bytes);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (fatal_tx, mut fatal_rx) = watch::channel(None::<String>);
 
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -95,6 +96,7 @@ pub async fn start<L: EventLog>(
             claim_epochs,
             config.max_batch_commands,
             stop_rx.clone(),
+            fatal_tx,
         );
         let sweeper = tokio::spawn(sweeper::run(
             writers.clone(),
@@ -107,7 +109,21 @@ pub async fn start<L: EventLog>(
         // Shutdown: HTTP stops taking connections and waits for in-flight
         // requests (each waits for its batch); then sweepers and writers stop,
         // writers after deciding and appending everything already queued.
-        let served = http.await.map_err(|e| e.to_string()).and_then(|r| r);
+        // A fatal log error stops the server too (crash-only: a restart reopens
+        // the log and recovers); the batch that hit it was already answered 503.
+        let mut http = http;
+        let served = tokio::select! {
+            r = &mut http => r.map_err(|e| e.to_string()).and_then(|r| r),
+            failed = fatal_rx.wait_for(|f| f.is_some()) => {
+                let reason = match failed {
+                    Ok(reason) => reason.clone().unwrap_or_default(),
+                    Err(_) => "a writer task ended unexpectedly".to_string(),
+                };
+                tracing::error!(%reason, "log failed; stopping so a restart can recover from the log");
+                http.abort();
+                Err(format!("log failed: {reason}"))
+            }
+        };
         state.set_not_ready();
         let _ = stop_tx.send(true);
         let _ = sweeper.await;

@@ -1,7 +1,8 @@
 //! An in-memory [`EventLog`] with fault injection, for tests of the writer at its
 //! own trait boundary: `fail_next_appends(n)` makes the next `n` appends fail
 //! with a transient error and write nothing, like a RocksDB write that was
-//! refused. Not durable; never used by `reservoir serve`.
+//! refused; `fail_next_append_fatally()` fails one with a non-transient error.
+//! Not durable; `reservoir serve --log memory` only, for trying the API.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -14,6 +15,7 @@ use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
 pub struct MemoryLog {
     entries: Mutex<Vec<LogEntry>>,
     failures: AtomicUsize,
+    fatal: std::sync::atomic::AtomicBool,
     appended: tokio::sync::Notify,
 }
 
@@ -23,7 +25,15 @@ impl MemoryLog {
     }
 
     pub fn fail_next_appends(&self, n: usize) {
+        self.fatal.store(false, Ordering::SeqCst);
         self.failures.store(n, Ordering::SeqCst);
+    }
+
+    /// The next append fails with a non-transient storage error, like a failed
+    /// synced RocksDB write after which the embedded log refuses writes.
+    pub fn fail_next_append_fatally(&self) {
+        self.fatal.store(true, Ordering::SeqCst);
+        self.failures.store(1, Ordering::SeqCst);
     }
 
     pub fn len(&self) -> usize {
@@ -61,6 +71,9 @@ impl EventLog for MemoryLog {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if failed {
+            if self.fatal.load(Ordering::SeqCst) {
+                return Err(LogError::Storage("injected fatal append failure".into()));
+            }
             return Err(LogError::Unavailable("injected append failure".into()));
         }
         let mut entries = self.entries.lock().expect("memlog lock");

@@ -433,6 +433,8 @@ pub struct Shard {
     /// The log's `log_partition_for`, so records carry the right claim epoch.
     pub log_partition_for: Arc<dyn Fn(&PartitionKey) -> u32 + Send + Sync>,
     pub max_batch_commands: usize,
+    /// Set when the log failed in a way only a restart (reopen, reclaim, recover) fixes.
+    pub fatal: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 impl Shard {
@@ -512,6 +514,12 @@ impl Shard {
                     tracing::warn!(shard = self.id, %err, records = batch.records.len(), "append failed; batch discarded");
                     metrics::counter!("reservoir_append_failures_total").increment(1);
                     self.restore(batch.undo);
+                    // A log that cannot say what reached the disk (embedded: any failed
+                    // synced write) or that fenced us cannot be written again by this
+                    // process: report it, so the server stops and restarts from the log.
+                    if !err.transient() || matches!(err, reservoir_log::LogError::Fenced { .. }) {
+                        let _ = self.fatal.send(Some(format!("shard {}: {err}", self.id)));
+                    }
                     for (reply, _) in pendings {
                         let _ = reply.send(Err(Failure::Unavailable(format!(
                             "log append failed: {err}"
@@ -979,7 +987,9 @@ pub fn spawn<L: EventLog>(
     claim_epochs: Vec<u64>,
     max_batch_commands: usize,
     stop: tokio::sync::watch::Receiver<bool>,
+    fatal: tokio::sync::watch::Sender<Option<String>>,
 ) -> (Writers, Vec<tokio::task::JoinHandle<()>>) {
+    let fatal = Arc::new(fatal);
     let shards = states.len();
     let claim_epochs = Arc::new(claim_epochs);
     let partition_log = log.clone();
@@ -999,6 +1009,7 @@ pub fn spawn<L: EventLog>(
             claim_epochs: claim_epochs.clone(),
             log_partition_for: log_partition_for.clone(),
             max_batch_commands,
+            fatal: fatal.clone(),
         };
         handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
     }

@@ -86,3 +86,27 @@ async fn concurrent_clients_retry_through_failed_batches_and_debit_once() {
         .count();
     assert_eq!(reserved_events, 40);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_log_error_answers_503_and_stops_the_server_for_a_restart() {
+    let (s, log, dir) = TestServer::memory().await;
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    s.reserve("before", "t", "r", 100).await;
+    log.fail_next_append_fatally();
+    let (status, body) = s.reserve("lost", "t", "r", 100).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let why = s.stopped_by_itself().await.unwrap_err();
+    assert!(why.contains("log failed"), "{why}");
+    // A restart recovers from the log: the failed batch is not there, the rest is.
+    let s = TestServer::start(log, test_config(dir.path())).await;
+    assert_eq!(s.get("/v1/reservations/before").await.0, StatusCode::OK);
+    assert_eq!(
+        s.get("/v1/reservations/lost").await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (status, _) = s.reserve("lost", "t", "r", 100).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["reserved_units"], 200);
+    s.stop().await;
+}

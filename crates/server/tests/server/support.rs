@@ -110,6 +110,15 @@ impl TestServer {
         panic!("server never became ready");
     }
 
+    /// Waits for the server to stop by itself (a fatal log error) and returns why.
+    pub async fn stopped_by_itself(mut self) -> Result<(), String> {
+        let done = self.done.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), done)
+            .await
+            .expect("server stopped")
+            .unwrap()
+    }
+
     /// Graceful stop, as on SIGTERM.
     pub async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
