@@ -88,16 +88,16 @@ pub async fn start<L: EventLog>(
             "recovered from the log"
         );
         let index = Arc::new(std::sync::RwLock::new(recovered.index));
-        let (writers, shard_tasks) = writer::spawn(
+        let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
             log,
-            recovered.shards,
+            states: recovered.shards,
             index,
             writer_id,
             claim_epochs,
-            config.max_batch_commands,
-            stop_rx.clone(),
-            fatal_tx,
-        );
+            max_batch_commands: config.max_batch_commands,
+            stop: stop_rx.clone(),
+            fatal: fatal_tx,
+        });
         let sweeper = tokio::spawn(sweeper::run(
             writers.clone(),
             config.sweep_interval,

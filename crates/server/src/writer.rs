@@ -978,17 +978,33 @@ impl Shard {
     }
 }
 
-/// Starts one task per shard over `states` and returns the handle to them.
-pub fn spawn<L: EventLog>(
-    log: Arc<L>,
-    states: Vec<ShardState>,
-    index: Index,
-    writer_id: String,
-    claim_epochs: Vec<u64>,
-    max_batch_commands: usize,
-    stop: tokio::sync::watch::Receiver<bool>,
-    fatal: tokio::sync::watch::Sender<Option<String>>,
-) -> (Writers, Vec<tokio::task::JoinHandle<()>>) {
+/// Everything the shard tasks start from.
+pub struct WriterSetup<L> {
+    pub log: Arc<L>,
+    /// One recovered state per shard.
+    pub states: Vec<ShardState>,
+    pub index: Index,
+    pub writer_id: String,
+    /// The claim epoch held in each log partition.
+    pub claim_epochs: Vec<u64>,
+    pub max_batch_commands: usize,
+    /// Set to `true` to stop: queued requests are still decided and appended.
+    pub stop: tokio::sync::watch::Receiver<bool>,
+    pub fatal: tokio::sync::watch::Sender<Option<String>>,
+}
+
+/// Starts one task per shard and returns the handle to them.
+pub fn spawn<L: EventLog>(setup: WriterSetup<L>) -> (Writers, Vec<tokio::task::JoinHandle<()>>) {
+    let WriterSetup {
+        log,
+        states,
+        index,
+        writer_id,
+        claim_epochs,
+        max_batch_commands,
+        stop,
+        fatal,
+    } = setup;
     let fatal = Arc::new(fatal);
     let shards = states.len();
     let claim_epochs = Arc::new(claim_epochs);
