@@ -20,6 +20,7 @@ use std::future::Future;
 pub mod codec;
 pub mod embedded;
 pub mod fence;
+pub mod kafka;
 
 use reservoir_core::{Event, PartitionKey};
 use thiserror::Error;

@@ -12,6 +12,9 @@ mod fixtures;
 #[path = "log/codec.rs"]
 mod codec;
 
+#[path = "log/kafka.rs"]
+mod kafka;
+
 #[path = "log/suite.rs"]
 pub mod suite;
 

@@ -1,0 +1,1031 @@
+//! The Kafka log: [`EventLog`] on a Kafka topic (`reservoir.events` by default),
+//! for any Kafka-protocol broker, including ones without transactions (tansu).
+//!
+//! - **Placement.** A ledger partition's records always go to one Kafka
+//!   partition, chosen by us ([`log_partition_for`]: murmur2 of the record key,
+//!   as Kafka's Java default partitioner does), never by librdkafka's partitioner.
+//! - **Atomicity.** One Kafka record holds one command's events ([`Record`]), so a
+//!   command is never split, on any broker.
+//! - **Durability.** The producer is idempotent (`enable.idempotence=true`,
+//!   `acks=all`): no duplicates and no reordering within a Kafka partition. A
+//!   batch is acknowledged only once every record was acknowledged by the broker.
+//! - **Single writer.** [`KafkaLog::claim`] appends a [`Claim`] (this writer's id,
+//!   an epoch above every claim in the partition) and reads the partition up to
+//!   and including it; only if the claim took effect may the writer append.
+//!   [`EventLog::append`] reads every batch back and reports it appended only if
+//!   no foreign claim took the partition before it; otherwise it returns
+//!   [`LogError::Fenced`] and refuses every later append to that partition. What
+//!   counts is decided by [`fence::Validity`], the rule every reader applies.
+//!
+//! Blocking librdkafka calls (metadata, watermarks, consumer polls) run on
+//! tokio's blocking pool; each log partition has its own lazily created reader.
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use reservoir_core::PartitionKey;
+use tracing::{info, warn};
+
+use crate::fence::{Validity, Verdict};
+use crate::{codec, fence, Claim, EventLog, LogEntry, LogError, Position, Record};
+
+/// Default topic name.
+pub const TOPIC_DEFAULT: &str = "reservoir.events";
+/// Most records one `append` takes; a larger batch is refused as invalid.
+pub const APPEND_RECORDS_MAX: usize = 16_384;
+
+/// Where and how the Kafka log connects.
+#[derive(Clone, Debug)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`, e.g. `127.0.0.1:9092`.
+    pub brokers: String,
+    pub topic: String,
+    /// Partition count used when the topic has to be created; an existing topic
+    /// keeps its own count.
+    pub partitions_for_new_topic: u32,
+    pub replication_factor: i32,
+    /// This writer's stable identity (node id + boot id). Records appended must
+    /// carry it; claims are made in its name.
+    pub writer_id: String,
+    /// Upper bound for one broker round trip we wait on (metadata, watermarks, a
+    /// read), and for a read-back to find its records.
+    pub request_timeout: Duration,
+    /// `message.timeout.ms`: how long the producer keeps retrying a record before
+    /// the append fails.
+    pub delivery_timeout: Duration,
+    /// Extra librdkafka settings for every client (tests use this for mock
+    /// clusters and tighter timeouts).
+    pub client_overrides: Vec<(String, String)>,
+}
+
+impl KafkaConfig {
+    pub fn new(brokers: impl Into<String>, writer_id: impl Into<String>) -> Self {
+        Self {
+            brokers: brokers.into(),
+            topic: TOPIC_DEFAULT.to_string(),
+            partitions_for_new_topic: 8,
+            replication_factor: 1,
+            writer_id: writer_id.into(),
+            request_timeout: Duration::from_secs(10),
+            delivery_timeout: Duration::from_secs(30),
+            client_overrides: Vec::new(),
+        }
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.brokers)
+            .set("client.id", format!("reservoir-{}", self.writer_id))
+            .set(
+                "socket.timeout.ms",
+                self.request_timeout.as_millis().max(10).to_string(),
+            )
+            .set("log_level", "4");
+        for (key, value) in &self.client_overrides {
+            config.set(key, value);
+        }
+        config
+    }
+}
+
+/// This writer's standing in one log partition.
+#[derive(Debug)]
+enum Ownership {
+    Unclaimed,
+    Held {
+        claim: Claim,
+        claim_offset: u64,
+        /// Validity state after every entry before `scanned_to`.
+        validity: Validity,
+        /// Next offset the read-back has not looked at yet.
+        scanned_to: u64,
+        /// Offset of the first foreign claim that took the partition, once seen:
+        /// our records before it count, none after it does.
+        lost_at: Option<u64>,
+    },
+}
+
+/// A consumer assigned to one log partition, remembering where its fetch
+/// position is so sequential reads do not re-assign (and re-fetch).
+struct PartitionReader {
+    consumer: BaseConsumer,
+    next_offset: Option<u64>,
+}
+
+struct Inner {
+    config: KafkaConfig,
+    log_partitions: u32,
+    /// Replaced when librdkafka reports a fatal (idempotence) error.
+    producer: RwLock<Arc<FutureProducer>>,
+    readers: Vec<Mutex<Option<PartitionReader>>>,
+    ownership: Vec<tokio::sync::Mutex<Ownership>>,
+}
+
+/// The Kafka implementation of [`EventLog`]. Cheap to clone.
+#[derive(Clone)]
+pub struct KafkaLog {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for KafkaLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaLog")
+            .field("topic", &self.inner.config.topic)
+            .field("log_partitions", &self.inner.log_partitions)
+            .field("writer_id", &self.inner.config.writer_id)
+            .finish()
+    }
+}
+
+/// Kafka's default partitioner for keyed records (Java's `murmur2(key) &
+/// 0x7fffffff % partitions`), so other Kafka clients agree on placement.
+pub fn murmur2_partition(key: &[u8], partitions: u32) -> u32 {
+    assert!(partitions > 0, "a topic has at least one partition");
+    (murmur2(key) & 0x7fff_ffff) % partitions
+}
+
+fn murmur2(data: &[u8]) -> u32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h: u32 = SEED ^ (data.len() as u32);
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+/// Maps a librdkafka error to ours, keeping whether a retry may succeed.
+pub fn log_error(context: &str, error: &KafkaError) -> LogError {
+    use RDKafkaErrorCode as C;
+    let message = format!("{context}: {error}");
+    match error {
+        KafkaError::Canceled => return LogError::Unavailable(message),
+        KafkaError::ClientCreation(_) | KafkaError::ClientConfig(..) => {
+            return LogError::Invalid(message)
+        }
+        _ => {}
+    }
+    match error.rdkafka_error_code() {
+        Some(C::MessageTimedOut | C::RequestTimedOut | C::OperationTimedOut | C::TimedOutQueue) => {
+            LogError::Timeout(message)
+        }
+        Some(
+            C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::Resolve
+            | C::Retry
+            | C::QueueFull
+            | C::PurgeQueue
+            | C::PurgeInflight
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::BrokerNotAvailable
+            | C::ReplicaNotAvailable
+            | C::NetworkException
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::KafkaStorageError
+            | C::FencedLeaderEpoch
+            | C::UnknownLeaderEpoch
+            | C::OffsetNotAvailable
+            | C::UnknownTopicOrPartition
+            | C::UnknownPartition
+            | C::UnknownTopic
+            | C::ThrottlingQuotaExceeded
+            | C::CoordinatorNotAvailable
+            | C::NotCoordinator
+            | C::WaitingForCoordinator
+            | C::NodeUpdate
+            | C::InProgress
+            | C::ISRInsufficient
+            | C::RebootstrapRequired
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+            | C::InvalidProducerEpoch
+            | C::Fatal,
+        ) => LogError::Unavailable(message),
+        _ => LogError::Storage(message),
+    }
+}
+
+fn kafka_offset(offset: u64) -> i64 {
+    i64::try_from(offset).expect("offsets fit in i64")
+}
+
+impl KafkaLog {
+    /// Connects, creating the topic if it is missing (brokers such as tansu do not
+    /// auto-create topics), and learns its partition count.
+    pub async fn connect(config: KafkaConfig) -> Result<Self, LogError> {
+        if config.writer_id.is_empty() {
+            return Err(LogError::Invalid("writer id is empty".into()));
+        }
+        let log_partitions = ensure_topic(&config).await?;
+        let producer = build_producer(&config)?;
+        info!(topic = %config.topic, log_partitions, writer_id = %config.writer_id, "kafka log connected");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                readers: (0..log_partitions).map(|_| Mutex::new(None)).collect(),
+                ownership: (0..log_partitions)
+                    .map(|_| tokio::sync::Mutex::new(Ownership::Unclaimed))
+                    .collect(),
+                producer: RwLock::new(Arc::new(producer)),
+                log_partitions,
+                config,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &KafkaConfig {
+        &self.inner.config
+    }
+
+    /// Takes over a log partition: appends a claim with an epoch above every
+    /// claim in it, reads up to and including that claim, and succeeds only if
+    /// the claim took effect there (no claim with an equal or higher epoch landed
+    /// first). Afterwards this writer may append records carrying the returned
+    /// claim's epoch; to rebuild state, read the partition with
+    /// [`fence::read_valid`].
+    pub async fn claim(&self, log_partition: u32) -> Result<Claim, LogError> {
+        self.check_partition(log_partition)?;
+        let mut ownership = self.inner.ownership[log_partition as usize].lock().await;
+        let mut validity = Validity::default();
+        let mut scanned_to = 0;
+        // Claims are decided by the latest accepted epoch, which is also the
+        // highest epoch of every claim seen (stale claims never exceed it).
+        let end = self.end_offset(log_partition).await?;
+        self.scan(log_partition, &mut validity, &mut scanned_to, end)
+            .await?;
+        let epoch = validity.current_claim().map_or(0, |c| c.epoch) + 1;
+        let claim = Claim {
+            writer_id: self.inner.config.writer_id.clone(),
+            epoch,
+        };
+
+        let positions = self
+            .produce(log_partition, &[LogEntry::Claim(claim.clone())])
+            .await?;
+        let claim_offset = positions[0].offset;
+        self.scan(
+            log_partition,
+            &mut validity,
+            &mut scanned_to,
+            claim_offset + 1,
+        )
+        .await?;
+        if validity.current_claim() != Some(&claim) {
+            *ownership = Ownership::Unclaimed;
+            warn!(log_partition, epoch, winner = ?validity.current_claim(), "lost the race for a log partition");
+            return Err(LogError::Fenced {
+                writer_id: claim.writer_id,
+                log_partition,
+            });
+        }
+        info!(log_partition, epoch, claim_offset, "claimed log partition");
+        *ownership = Ownership::Held {
+            claim: claim.clone(),
+            claim_offset,
+            validity,
+            scanned_to,
+            lost_at: None,
+        };
+        Ok(claim)
+    }
+
+    /// The claim this writer holds on a log partition, if it has not lost it.
+    pub async fn held_claim(&self, log_partition: u32) -> Option<Claim> {
+        match &*self
+            .inner
+            .ownership
+            .get(log_partition as usize)?
+            .lock()
+            .await
+        {
+            Ownership::Held {
+                claim,
+                lost_at: None,
+                ..
+            } => Some(claim.clone()),
+            _ => None,
+        }
+    }
+
+    /// The claim appends to a log partition go under: refused if this writer
+    /// never claimed it, fenced if it lost it.
+    async fn claim_for_append(&self, log_partition: u32) -> Result<Claim, LogError> {
+        match &*self.inner.ownership[log_partition as usize].lock().await {
+            Ownership::Held {
+                claim,
+                lost_at: None,
+                ..
+            } => Ok(claim.clone()),
+            Ownership::Held { .. } => Err(LogError::Fenced {
+                writer_id: self.inner.config.writer_id.clone(),
+                log_partition,
+            }),
+            Ownership::Unclaimed => Err(LogError::Invalid(format!(
+                "log partition {log_partition} is not claimed by this writer"
+            ))),
+        }
+    }
+
+    fn check_partition(&self, log_partition: u32) -> Result<(), LogError> {
+        if log_partition < self.inner.log_partitions {
+            Ok(())
+        } else {
+            Err(LogError::Invalid(format!(
+                "log partition {log_partition} out of range (topic has {})",
+                self.inner.log_partitions
+            )))
+        }
+    }
+
+    /// Feeds entries `[*scanned_to, until)` through `validity`.
+    async fn scan(
+        &self,
+        log_partition: u32,
+        validity: &mut Validity,
+        scanned_to: &mut u64,
+        until: u64,
+    ) -> Result<(), LogError> {
+        while *scanned_to < until {
+            let want = usize::try_from(until - *scanned_to)
+                .unwrap_or(usize::MAX)
+                .min(fence::ValidReader::READ_ENTRIES_MAX);
+            let entries = self.read_exact(log_partition, *scanned_to, want).await?;
+            for (position, entry) in &entries {
+                validity.observe(entry);
+                *scanned_to = position.offset + 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Like `read`, but the entries are known to exist (acknowledged): waits up to
+    /// the request timeout for them rather than returning short.
+    async fn read_exact(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        count: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            inner.read_blocking(
+                log_partition,
+                from_offset,
+                count,
+                ReadTo::Acknowledged(from_offset + count as u64),
+            )
+        })
+        .await?
+    }
+
+    /// Produces entries to one log partition and waits for every acknowledgement.
+    async fn produce(
+        &self,
+        log_partition: u32,
+        entries: &[LogEntry],
+    ) -> Result<Vec<Position>, LogError> {
+        let targets: Vec<(u32, &LogEntry)> = entries.iter().map(|e| (log_partition, e)).collect();
+        self.produce_to(&targets).await
+    }
+
+    async fn produce_to(&self, targets: &[(u32, &LogEntry)]) -> Result<Vec<Position>, LogError> {
+        let producer = self.inner.producer.read().expect("producer lock").clone();
+        let topic = self.inner.config.topic.as_str();
+        let mut deliveries = Vec::with_capacity(targets.len());
+        let mut failure = None;
+        for &(log_partition, entry) in targets {
+            let value =
+                codec::encode(entry).map_err(|e| LogError::Invalid(format!("encode: {e}")))?;
+            let key = codec::record_key(entry);
+            let header_values = codec::headers(entry);
+            let mut headers = OwnedHeaders::new_with_capacity(header_values.len());
+            for (name, header_value) in &header_values {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(header_value.as_bytes()),
+                });
+            }
+            let record = FutureRecord::to(topic)
+                .partition(log_partition as i32)
+                .key(key.as_bytes())
+                .payload(value.as_slice())
+                .headers(headers);
+            match producer.send_result(record) {
+                Ok(delivery) => deliveries.push((log_partition, delivery)),
+                Err((error, _)) => {
+                    // Stop enqueuing; what is in flight is still awaited below so
+                    // nothing of this batch is left unaccounted for.
+                    failure = Some(log_error("enqueue", &error));
+                    break;
+                }
+            }
+        }
+        let mut positions = Vec::with_capacity(deliveries.len());
+        for (log_partition, delivery) in deliveries {
+            match delivery.await {
+                Ok(Ok(delivery)) => {
+                    assert_eq!(
+                        delivery.partition, log_partition as i32,
+                        "record landed in another partition"
+                    );
+                    let offset = u64::try_from(delivery.offset)
+                        .expect("acknowledged offsets are not negative");
+                    positions.push(Position {
+                        log_partition,
+                        offset,
+                    });
+                }
+                Ok(Err((error, _))) => {
+                    failure.get_or_insert_with(|| log_error("produce", &error));
+                }
+                Err(_canceled) => {
+                    failure
+                        .get_or_insert_with(|| LogError::Unavailable("producer shut down".into()));
+                }
+            }
+        }
+        if let Some(error) = failure {
+            self.replace_producer_if_fatal(&producer);
+            return Err(error);
+        }
+        Ok(positions)
+    }
+
+    /// An idempotent producer that hit a fatal error (e.g. a sequence gap it
+    /// cannot repair) refuses every later record; start a fresh one.
+    fn replace_producer_if_fatal(&self, failed: &Arc<FutureProducer>) {
+        let Some((code, reason)) = failed.client().fatal_error() else {
+            return;
+        };
+        let mut producer = self.inner.producer.write().expect("producer lock");
+        if Arc::ptr_eq(&producer, failed) {
+            warn!(?code, %reason, "producer hit a fatal error; replacing it");
+            match build_producer(&self.inner.config) {
+                Ok(fresh) => *producer = Arc::new(fresh),
+                Err(error) => warn!(%error, "could not replace the producer"),
+            }
+        }
+    }
+
+    /// Checks, by reading the partition back, that our records at `offsets` (all
+    /// in `log_partition`, ascending) count. Fenced if a foreign claim took the
+    /// partition before any of them.
+    async fn verify(&self, log_partition: u32, offsets: &[u64]) -> Result<(), LogError> {
+        let mut ownership = self.inner.ownership[log_partition as usize].lock().await;
+        let fenced = LogError::Fenced {
+            writer_id: self.inner.config.writer_id.clone(),
+            log_partition,
+        };
+        let Ownership::Held {
+            claim_offset,
+            validity,
+            scanned_to,
+            lost_at,
+            ..
+        } = &mut *ownership
+        else {
+            return Err(fenced);
+        };
+        let last = *offsets.last().expect("verify is given at least one offset");
+        if *scanned_to <= last && lost_at.is_none() {
+            let mut entries_seen = *scanned_to;
+            while entries_seen <= last {
+                let want = usize::try_from(last + 1 - entries_seen)
+                    .unwrap_or(usize::MAX)
+                    .min(fence::ValidReader::READ_ENTRIES_MAX);
+                let entries = self.read_exact(log_partition, entries_seen, want).await?;
+                for (position, entry) in &entries {
+                    let verdict = validity.observe(entry);
+                    if verdict == Verdict::ClaimAccepted && lost_at.is_none() {
+                        warn!(log_partition, offset = position.offset, by = ?validity.current_claim(), "fenced by a newer claim");
+                        *lost_at = Some(position.offset);
+                    }
+                    entries_seen = position.offset + 1;
+                }
+            }
+            *scanned_to = entries_seen;
+        }
+        let first = offsets[0];
+        assert!(first > *claim_offset, "our records come after our claim");
+        match *lost_at {
+            Some(lost) if lost < last => Err(fenced),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Inner {
+    fn reader<'a>(
+        &self,
+        slot: &'a mut Option<PartitionReader>,
+    ) -> Result<&'a mut PartitionReader, LogError> {
+        if slot.is_none() {
+            *slot = Some(PartitionReader {
+                consumer: build_consumer(&self.config)?,
+                next_offset: None,
+            });
+        }
+        Ok(slot.as_mut().expect("reader just created"))
+    }
+
+    /// Offset one past the last acknowledged entry.
+    fn high_watermark(
+        &self,
+        reader: &PartitionReader,
+        log_partition: u32,
+    ) -> Result<u64, LogError> {
+        let (_low, high) = reader
+            .consumer
+            .fetch_watermarks(
+                &self.config.topic,
+                log_partition as i32,
+                self.config.request_timeout,
+            )
+            .map_err(|e| log_error("watermarks", &e))?;
+        Ok(u64::try_from(high).unwrap_or(0))
+    }
+
+    /// Reads up to `max` entries from `from_offset`, as far as `to` says.
+    fn read_blocking(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+        to: ReadTo,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        let mut slot = self.readers[log_partition as usize]
+            .lock()
+            .expect("reader lock");
+        let reader = self.reader(&mut slot)?;
+        self.read_locked(reader, log_partition, from_offset, max, to)
+    }
+
+    /// The read loop. Two broker quirks shape it (both seen on tansu 0.6; on
+    /// Apache Kafka neither path is taken):
+    /// - A fetch from an offset inside a multi-record batch returns only the
+    ///   batches that *start* at or after it: the rest of the batch never comes,
+    ///   and no PartitionEOF either. So when nothing arrives for a probe interval,
+    ///   or the first offset that arrives is past the one we need, the read steps
+    ///   back (1, 2, 4, ... offsets) until a batch covers it, skipping what it
+    ///   already has.
+    /// - The end of the log is where a fetch says so (PartitionEOF, or the high
+    ///   watermark of the last fetch response), not ListOffsets.
+    fn read_locked(
+        &self,
+        reader: &mut PartitionReader,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+        to: ReadTo,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        let timeout = self.config.request_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut limit = from_offset.saturating_add(max as u64);
+        if let ReadTo::Acknowledged(until) = to {
+            limit = limit.min(until);
+        }
+        if from_offset >= limit {
+            return Ok(Vec::new());
+        }
+        let continuing = reader.next_offset == Some(from_offset);
+        reader.next_offset = None;
+        let mut assigned_at = from_offset;
+        let mut step_back = 1;
+        if !continuing {
+            self.assign(reader, log_partition, from_offset)?;
+        }
+        let mut heard_since_assign = continuing;
+        let mut assigned = Instant::now();
+        let mut entries = Vec::new();
+        let mut expected = from_offset;
+        let mut last_transient: Option<LogError> = None;
+        while expected < limit {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(LogError::Timeout(format!(
+                    "reading log partition {log_partition} at offset {expected}: nothing within {timeout:?}{}",
+                    last_transient.map(|e| format!(" (last error: {e})")).unwrap_or_default()
+                )));
+            }
+            let message = match reader.consumer.poll(remaining.min(READ_PROBE)) {
+                None => {
+                    if to == ReadTo::EndOfLog
+                        && self
+                            .fetched_high_watermark(reader, log_partition)
+                            .is_some_and(|high| expected >= high)
+                    {
+                        break; // at the end, as the last fetch response says
+                    }
+                    if !heard_since_assign && assigned.elapsed() >= READ_PROBE && assigned_at > 0 {
+                        (assigned_at, step_back) =
+                            (expected.saturating_sub(step_back), step_back * 2);
+                        self.assign(reader, log_partition, assigned_at)?;
+                        assigned = Instant::now();
+                    }
+                    continue;
+                }
+                Some(Ok(message)) => message,
+                Some(Err(KafkaError::PartitionEOF(_))) => match to {
+                    ReadTo::EndOfLog => break,
+                    ReadTo::Acknowledged(_) => continue,
+                },
+                Some(Err(error)) => {
+                    let code = error.rdkafka_error_code();
+                    if matches!(
+                        code,
+                        Some(
+                            RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange
+                        )
+                    ) && to == ReadTo::EndOfLog
+                    {
+                        return self.beyond_end(reader, log_partition, from_offset, entries);
+                    }
+                    let error = log_error("fetch", &error);
+                    if !error.transient() {
+                        return Err(error);
+                    }
+                    // librdkafka reconnects and refetches by itself; keep polling
+                    // until the deadline.
+                    last_transient = Some(error);
+                    continue;
+                }
+            };
+            heard_since_assign = true;
+            let offset = u64::try_from(message.offset()).expect("fetched offsets are not negative");
+            if offset < expected {
+                continue; // before what we need: left over, or stepped back over it
+            }
+            if offset > expected && assigned_at > 0 {
+                // The batch holding `expected` starts before where we assigned.
+                (assigned_at, step_back) = (expected.saturating_sub(step_back), step_back * 2);
+                self.assign(reader, log_partition, assigned_at)?;
+                (heard_since_assign, assigned) = (false, Instant::now());
+                continue;
+            }
+            let position = Position {
+                log_partition,
+                offset,
+            };
+            let value = message.payload().unwrap_or_default();
+            let entry = codec::decode(value).map_err(|e| LogError::Corrupt {
+                position,
+                reason: e.to_string(),
+            })?;
+            entries.push((position, entry));
+            expected = offset + 1;
+        }
+        reader.next_offset = Some(expected);
+        Ok(entries)
+    }
+
+    fn assign(
+        &self,
+        reader: &mut PartitionReader,
+        log_partition: u32,
+        offset: u64,
+    ) -> Result<(), LogError> {
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(
+                &self.config.topic,
+                log_partition as i32,
+                Offset::Offset(kafka_offset(offset)),
+            )
+            .map_err(|e| log_error("assign", &e))?;
+        reader.next_offset = None;
+        reader
+            .consumer
+            .assign(&assignment)
+            .map_err(|e| log_error("assign", &e))
+    }
+
+    /// The high watermark of the last fetch response (`None` before any), as
+    /// librdkafka caches it (`rd_kafka_get_watermark_offsets`, which the rdkafka
+    /// crate does not wrap). No broker round trip.
+    fn fetched_high_watermark(&self, reader: &PartitionReader, log_partition: u32) -> Option<u64> {
+        let topic =
+            std::ffi::CString::new(self.config.topic.as_str()).expect("topic names hold no NUL");
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer is valid while `reader` is borrowed; the
+        // topic string outlives the call; low/high are valid out-pointers.
+        let error = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                reader.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                log_partition as i32,
+                &mut low,
+                &mut high,
+            )
+        };
+        if error != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
+        u64::try_from(high).ok()
+    }
+
+    /// An end-of-log read asked for an offset the broker does not have: nothing
+    /// there yet if it is at or past the end, an error if it is before the start
+    /// (deleted by retention: this log never deletes).
+    fn beyond_end(
+        &self,
+        reader: &PartitionReader,
+        log_partition: u32,
+        from_offset: u64,
+        entries: Vec<(Position, LogEntry)>,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        let (low, _high) = reader
+            .consumer
+            .fetch_watermarks(
+                &self.config.topic,
+                log_partition as i32,
+                self.config.request_timeout,
+            )
+            .map_err(|e| log_error("watermarks", &e))?;
+        if from_offset < u64::try_from(low).unwrap_or(0) {
+            return Err(LogError::Storage(format!(
+                "log partition {log_partition} starts at {low}, after the requested offset {from_offset}"
+            )));
+        }
+        Ok(entries)
+    }
+
+    /// One past the last entry. The ListOffsets answer is a lower bound: tansu
+    /// 0.6 answers one past the *first* offset of the last record batch; the
+    /// high watermark in fetch responses is exact. So read from it to the end.
+    fn end_offset_blocking(&self, log_partition: u32) -> Result<u64, LogError> {
+        let mut slot = self.readers[log_partition as usize]
+            .lock()
+            .expect("reader lock");
+        let reader = self.reader(&mut slot)?;
+        let listed = self.high_watermark(reader, log_partition)?;
+        // One before it is the last batch's first offset on tansu, the last
+        // entry on Kafka: a fetch from there sees the true end either way.
+        let tail = self.read_locked(
+            reader,
+            log_partition,
+            listed.saturating_sub(1),
+            usize::MAX,
+            ReadTo::EndOfLog,
+        )?;
+        Ok(tail
+            .last()
+            .map_or(listed, |(position, _)| position.offset + 1)
+            .max(listed))
+    }
+}
+
+/// How long a read waits for a first sign of data before it concludes it sits
+/// inside a batch the broker will not serve from there (see `read_locked`).
+const READ_PROBE: Duration = Duration::from_millis(100);
+
+/// How far a read goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadTo {
+    /// Entries known to exist (acknowledged): wait for every one before this offset.
+    Acknowledged(u64),
+    /// To the end of the log, as the broker's fetch responses report it.
+    EndOfLog,
+}
+
+impl EventLog for KafkaLog {
+    fn log_partition_for(&self, key: &PartitionKey) -> u32 {
+        murmur2_partition(
+            codec::partition_key_string(key).as_bytes(),
+            self.inner.log_partitions,
+        )
+    }
+
+    fn log_partitions(&self) -> u32 {
+        self.inner.log_partitions
+    }
+
+    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        if batch.len() > APPEND_RECORDS_MAX {
+            return Err(LogError::Invalid(format!(
+                "batch of {} records exceeds {APPEND_RECORDS_MAX}",
+                batch.len()
+            )));
+        }
+        // Refuse before writing anything if a record is not ours under a claim we
+        // still hold: a fenced writer must not add more to the log.
+        let mut claimed: BTreeMap<u32, Claim> = BTreeMap::new();
+        for record in &batch {
+            let log_partition = self.log_partition_for(&record.key);
+            let claim = match claimed.entry(log_partition) {
+                Entry::Occupied(held) => held.into_mut(),
+                Entry::Vacant(slot) => slot.insert(self.claim_for_append(log_partition).await?),
+            };
+            if record.writer_id != claim.writer_id || record.claim_epoch != claim.epoch {
+                return Err(LogError::Invalid(format!(
+                    "record written as {}@{} but this writer holds {}@{} on log partition {log_partition}",
+                    record.writer_id, record.claim_epoch, claim.writer_id, claim.epoch
+                )));
+            }
+        }
+        let entries: Vec<(u32, LogEntry)> = batch
+            .into_iter()
+            .map(|record| {
+                (
+                    self.log_partition_for(&record.key),
+                    LogEntry::Record(record),
+                )
+            })
+            .collect();
+        let targets: Vec<(u32, &LogEntry)> = entries.iter().map(|(p, e)| (*p, e)).collect();
+        let positions = self.produce_to(&targets).await?;
+        let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for position in &positions {
+            by_partition
+                .entry(position.log_partition)
+                .or_default()
+                .push(position.offset);
+        }
+        for (log_partition, offsets) in &by_partition {
+            self.verify(*log_partition, offsets).await?;
+        }
+        Ok(positions)
+    }
+
+    async fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        self.check_partition(log_partition)?;
+        let inner = self.inner.clone();
+        blocking(move || inner.read_blocking(log_partition, from_offset, max, ReadTo::EndOfLog))
+            .await?
+    }
+
+    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
+        self.check_partition(log_partition)?;
+        let inner = self.inner.clone();
+        blocking(move || inner.end_offset_blocking(log_partition)).await?
+    }
+
+    async fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<bool, LogError> {
+        const POLL_INTERVAL: Duration = Duration::from_millis(20);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.end_offset(log_partition).await? > offset {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
+        }
+    }
+}
+
+/// Runs blocking librdkafka work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, LogError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| LogError::Unavailable(format!("blocking task failed: {e}")))
+}
+
+fn build_producer(config: &KafkaConfig) -> Result<FutureProducer, LogError> {
+    config
+        .client_config()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("linger.ms", "1")
+        .set(
+            "message.timeout.ms",
+            config.delivery_timeout.as_millis().max(1).to_string(),
+        )
+        .set(
+            "request.timeout.ms",
+            config.request_timeout.as_millis().max(1).to_string(),
+        )
+        .create()
+        .map_err(|e| log_error("create producer", &e))
+}
+
+fn build_consumer(config: &KafkaConfig) -> Result<BaseConsumer, LogError> {
+    config
+        .client_config()
+        // Assigned partitions only: the group id is required by librdkafka but no
+        // group is joined and no offset is ever committed.
+        .set("group.id", format!("reservoir-reader-{}", config.writer_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("fetch.wait.max.ms", "10")
+        .set("auto.offset.reset", "error")
+        .create()
+        .map_err(|e| log_error("create consumer", &e))
+}
+
+/// Makes sure the topic exists and returns its partition count.
+async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> {
+    let probe_config = config.clone();
+    let probe = move || -> Result<Option<u32>, LogError> {
+        partition_count(&build_consumer(&probe_config)?, &probe_config)
+    };
+    if let Some(count) = blocking(probe.clone()).await?? {
+        return Ok(count);
+    }
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config()
+        .create()
+        .map_err(|e| log_error("create admin client", &e))?;
+    let topic = NewTopic::new(
+        &config.topic,
+        i32::try_from(config.partitions_for_new_topic)
+            .map_err(|_| LogError::Invalid("partition count".into()))?,
+        TopicReplication::Fixed(config.replication_factor),
+    );
+    let options = AdminOptions::new().operation_timeout(Some(config.request_timeout));
+    let results = admin
+        .create_topics([&topic], &options)
+        .await
+        .map_err(|e| log_error("create topic", &e))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => {
+                return Err(log_error(
+                    &format!("create topic {name}"),
+                    &KafkaError::AdminOp(code),
+                ))
+            }
+        }
+    }
+    // Metadata can lag a fresh topic for a moment.
+    let deadline = Instant::now() + config.request_timeout;
+    loop {
+        if let Some(count) = blocking(probe.clone()).await?? {
+            info!(topic = %config.topic, count, "created topic");
+            return Ok(count);
+        }
+        if Instant::now() >= deadline {
+            return Err(LogError::Timeout(format!(
+                "topic {} not visible after creating it",
+                config.topic
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn partition_count(client: &BaseConsumer, config: &KafkaConfig) -> Result<Option<u32>, LogError> {
+    let metadata = client
+        .fetch_metadata(Some(&config.topic), config.request_timeout)
+        .map_err(|e| log_error("metadata", &e))?;
+    let Some(topic) = metadata.topics().iter().find(|t| t.name() == config.topic) else {
+        return Ok(None);
+    };
+    match topic.error() {
+        None if !topic.partitions().is_empty() => Ok(Some(topic.partitions().len() as u32)),
+        _ => Ok(None),
+    }
+}
