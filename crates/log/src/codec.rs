@@ -442,13 +442,27 @@ pub fn encode(entry: &LogEntry) -> Result<Vec<u8>, CodecError> {
 
 /// Appends an entry's framed value to `out` (which may already hold bytes).
 pub fn encode_into(entry: &LogEntry, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    match entry {
+        LogEntry::Record(r) => encode_record_into(r, out),
+        LogEntry::Claim(c) => framed(out, CLAIM_ID, |out| write_claim(out, c)),
+    }
+}
+
+/// [`encode_into`] for a record the caller keeps (no `LogEntry` to build).
+pub fn encode_record_into(record: &Record, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    framed(out, ENVELOPE_ID, |out| write_envelope(out, record))
+}
+
+/// Frame header, then the datum; on any error `out` is left as it was.
+fn framed(
+    out: &mut Vec<u8>,
+    schema_id: u32,
+    datum: impl FnOnce(&mut Vec<u8>) -> Result<(), CodecError>,
+) -> Result<(), CodecError> {
     let start = out.len();
     out.push(MAGIC_BYTE);
-    out.extend_from_slice(&schema_id(entry).to_be_bytes());
-    let result = match entry {
-        LogEntry::Record(r) => write_envelope(out, r),
-        LogEntry::Claim(c) => write_claim(out, c),
-    };
+    out.extend_from_slice(&schema_id.to_be_bytes());
+    let result = datum(out);
     let len = out.len() - start;
     if let Err(e) = result {
         out.truncate(start);
@@ -526,20 +540,63 @@ fn write_envelope(out: &mut Vec<u8>, r: &Record) -> Result<(), CodecError> {
     put_u64(out, "claimEpoch", r.claim_epoch)?;
     // One array block holding every event, then the terminating empty block.
     put_long(out, r.events.len() as i64);
-    let key_text = partition_key_string(&r.key);
+    let key_text_len = key_text_len(&r.key);
     for e in &r.events {
         put_u64(out, "sequence", e.sequence)?;
         put_u64(out, "atMs", e.at_ms)?;
-        // eventId = "<key>/<sequence>", written without an intermediate String.
-        let seq = e.sequence.to_string();
-        put_long(out, (key_text.len() + 1 + seq.len()) as i64);
-        out.extend_from_slice(key_text.as_bytes());
+        // eventId = "<key>/<sequence>", rendered straight into the buffer (this
+        // is the hot path of every append; no String, no fmt).
+        put_long(out, (key_text_len + 1 + decimal_len(e.sequence)) as i64);
+        put_key_text(out, &r.key);
         out.push(b'/');
-        out.extend_from_slice(seq.as_bytes());
+        put_decimal(out, e.sequence);
         write_body(out, &e.body)?;
     }
     put_long(out, 0);
     Ok(())
+}
+
+/// Length of [`partition_key_string`] without building it.
+fn key_text_len(key: &PartitionKey) -> usize {
+    key.subject.len()
+        + key.route.len()
+        + key.accounting_epoch.len()
+        + 4
+        + decimal_len(key.policy_generation)
+}
+
+/// Writes [`partition_key_string`] (`subject|route|epoch|g<generation>`).
+fn put_key_text(out: &mut Vec<u8>, key: &PartitionKey) {
+    out.extend_from_slice(key.subject.as_bytes());
+    out.push(b'|');
+    out.extend_from_slice(key.route.as_bytes());
+    out.push(b'|');
+    out.extend_from_slice(key.accounting_epoch.as_bytes());
+    out.extend_from_slice(b"|g");
+    put_decimal(out, key.policy_generation);
+}
+
+fn decimal_len(mut v: u64) -> usize {
+    let mut digits = 1;
+    while v >= 10 {
+        v /= 10;
+        digits += 1;
+    }
+    digits
+}
+
+fn put_decimal(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[at..]);
 }
 
 fn branch_index(body: &EventBody) -> i64 {
