@@ -63,7 +63,9 @@ pub struct ServeArgs {
     /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
     #[arg(long, env = "RESERVOIR_TOPIC")]
     pub topic: Option<String>,
-    /// Writer tasks; each owns the ledger partitions of a hash range of (subject, route). Default 4.
+    /// Writer tasks; each owns the ledger partitions of a hash range of (subject, route). Default 16.
+    /// Each shard has one batch in flight; the log groups concurrent shards' batches
+    /// into one synced write, so more shards put more work behind each fsync.
     #[arg(long, env = "RESERVOIR_WRITER_SHARDS")]
     pub writer_shards: Option<usize>,
     /// Most commands one writer decides into one appended batch. Default 512.
@@ -108,7 +110,7 @@ impl Default for Config {
             log: LogKind::Embedded,
             brokers: None,
             topic: "reservoir.events".to_string(),
-            writer_shards: 4,
+            writer_shards: 16,
             max_batch_commands: 512,
             sweep_interval: Duration::from_millis(1_000),
             refill_interval: Duration::from_millis(1_000),
