@@ -1,0 +1,529 @@
+//! The projector: reads every log partition through the fence rule, folds the
+//! records that count into the read models, and commits each step's changes
+//! *and* the log positions (with the claim needed to resume the fence) in one
+//! RocksDB `WriteBatch`.
+//!
+//! Crash safety comes from that single batch: after a crash the database holds
+//! either everything a step derived together with the positions it consumed, or
+//! none of it, so restarting from the stored positions applies each event
+//! exactly once. The WAL makes the batch atomic even without `sync`; without
+//! `sync` a machine crash may lose the last steps, which are then re-projected.
+//!
+//! Balances are computed by `reservoir_core::try_apply` on an in-memory
+//! `Partition` per ledger partition — the writer's own code — and that
+//! `Partition` is persisted beside the derived rows, so a restart resumes
+//! without replaying from offset 0. An event `try_apply` refuses becomes a
+//! [`Finding`] and quarantines its partition; the projector does not crash.
+//!
+//! Anything that fails mid-step (a store write, the test hook) leaves the
+//! in-memory state ahead of the database, so the projector refuses further work
+//! ([`ProjectionError::Poisoned`]) and must be reopened, which reloads from the
+//! committed state.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reservoir_core::{try_apply, Event, EventBody, PartitionKey, ReservationId};
+use reservoir_log::fence::{valid_records, Validity};
+use reservoir_log::{Claim, EventLog, LogEntry, Position, Record};
+use rocksdb::{WriteBatch, WriteOptions, DB};
+use tokio::sync::watch;
+
+use crate::model::{
+    ClaimState, Cursor, EfficiencyHistogram, Finding, InputDrift, PartitionBalance,
+    PartitionProjection, Refusal, ReservationRecord, Rollup,
+};
+use crate::sketch::RollingDigest;
+use crate::store::{self, encode, get, get_raw, store_error};
+use crate::{ProjectionError, Projections};
+
+#[derive(Clone, Debug)]
+pub struct ProjectorConfig {
+    /// Entries read per log partition per step (bounds one write batch).
+    pub read_entries_max: usize,
+    /// Sync each batch to disk (see the module docs: atomicity does not need it).
+    pub sync_writes: bool,
+    /// How long an idle `run` waits for new entries before looking again.
+    pub idle_wait: Duration,
+}
+
+impl Default for ProjectorConfig {
+    fn default() -> Self {
+        Self {
+            read_entries_max: 1_024,
+            sync_writes: false,
+            idle_wait: Duration::from_millis(200),
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepOutcome {
+    pub entries: usize,
+    pub records: usize,
+    pub events: usize,
+}
+
+struct LogCursor {
+    next_offset: u64,
+    validity: Validity,
+}
+
+pub struct Projector<L: EventLog> {
+    log: Arc<L>,
+    db: Arc<DB>,
+    config: ProjectorConfig,
+    cursors: Vec<LogCursor>,
+    /// Every ledger partition touched since opening (committed state plus the
+    /// step in progress).
+    partitions: HashMap<PartitionKey, PartitionProjection>,
+    positions: watch::Sender<Vec<u64>>,
+    poisoned: bool,
+    commits: u64,
+    fail_before_commit: Option<u64>,
+}
+
+/// Rebuilds the fence state from the stored claim: `Validity` holds only the
+/// current claim, and observing that claim from the default state restores it.
+fn validity_from(claim: &Option<ClaimState>) -> Validity {
+    let mut validity = Validity::default();
+    if let Some(c) = claim {
+        validity.observe(&LogEntry::Claim(Claim {
+            writer_id: c.writer_id.clone(),
+            epoch: c.epoch,
+        }));
+    }
+    assert_eq!(
+        validity
+            .current_claim()
+            .map(|c| (c.writer_id.as_str(), c.epoch)),
+        claim.as_ref().map(|c| (c.writer_id.as_str(), c.epoch)),
+        "fence state did not round-trip"
+    );
+    validity
+}
+
+impl<L: EventLog> Projector<L> {
+    /// Opens the projector over `log`, resuming from the positions stored in `db`.
+    pub fn open(
+        log: Arc<L>,
+        db: Arc<DB>,
+        config: ProjectorConfig,
+    ) -> Result<Self, ProjectionError> {
+        let mut cursors = Vec::new();
+        for lp in 0..log.log_partitions() {
+            let cursor: Cursor =
+                get(&db, store::CURSORS, &store::cursor_key(lp))?.unwrap_or_default();
+            cursors.push(LogCursor {
+                next_offset: cursor.next_offset,
+                validity: validity_from(&cursor.claim),
+            });
+        }
+        let (positions, _) = watch::channel(cursors.iter().map(|c| c.next_offset).collect());
+        Ok(Self {
+            log,
+            db,
+            config,
+            cursors,
+            partitions: HashMap::new(),
+            positions,
+            poisoned: false,
+            commits: 0,
+            fail_before_commit: None,
+        })
+    }
+
+    /// The query side over this projector's database, following its progress.
+    pub fn projections(&self) -> Projections {
+        Projections::new(self.db.clone(), self.positions.subscribe())
+    }
+
+    /// Next offset to consume, per log partition.
+    pub fn positions(&self) -> Vec<u64> {
+        self.cursors.iter().map(|c| c.next_offset).collect()
+    }
+
+    /// Test hook: the `n`-th commit from now (1 = the next) derives its whole
+    /// batch and then fails instead of writing it, as a crash between apply and
+    /// commit would. The projector is poisoned afterwards.
+    pub fn fail_before_commit(&mut self, n: u64) {
+        self.fail_before_commit = Some(self.commits + n);
+    }
+
+    /// Reads at most `read_entries_max` entries from each log partition and
+    /// commits what they change in one batch.
+    pub async fn step(&mut self) -> Result<StepOutcome, ProjectionError> {
+        if self.poisoned {
+            return Err(ProjectionError::Poisoned);
+        }
+        // All I/O on the log first: a failed read leaves nothing half-applied.
+        let mut read = Vec::with_capacity(self.cursors.len());
+        for (lp, cursor) in self.cursors.iter().enumerate() {
+            let entries = self
+                .log
+                .read(lp as u32, cursor.next_offset, self.config.read_entries_max)
+                .await?;
+            read.push(entries);
+        }
+        let mut outcome = StepOutcome::default();
+        if read.iter().all(Vec::is_empty) {
+            return Ok(outcome);
+        }
+        self.poisoned = true;
+        let db = self.db.clone();
+        let mut work = Work::default();
+        for (lp, entries) in read.into_iter().enumerate() {
+            let Some((last, _)) = entries.last() else {
+                continue;
+            };
+            let cursor = &mut self.cursors[lp];
+            assert!(
+                entries[0].0.offset >= cursor.next_offset,
+                "log returned entries before the requested offset"
+            );
+            cursor.next_offset = last.offset + 1;
+            outcome.entries += entries.len();
+            for (position, record) in valid_records(&mut cursor.validity, entries) {
+                outcome.records += 1;
+                outcome.events += record.events.len();
+                let proj = load_partition(&db, &mut self.partitions, &record.key)?;
+                apply_record(&db, &mut work, proj, position, &record)?;
+            }
+            let stored = Cursor {
+                next_offset: cursor.next_offset,
+                claim: cursor.validity.current_claim().map(|c| ClaimState {
+                    writer_id: c.writer_id.clone(),
+                    epoch: c.epoch,
+                }),
+            };
+            work.put(
+                store::CURSORS,
+                store::cursor_key(lp as u32),
+                encode(&stored),
+            );
+        }
+        work.finish(&db, &self.partitions)?;
+        self.commit(work)?;
+        self.poisoned = false;
+        let _ = self.positions.send(self.positions());
+        Ok(outcome)
+    }
+
+    fn commit(&mut self, work: Work) -> Result<(), ProjectionError> {
+        let mut batch = WriteBatch::default();
+        for ((cf, key), value) in &work.puts {
+            let handle = self
+                .db
+                .cf_handle(cf)
+                .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
+            batch.put_cf(handle, key.as_bytes(), value);
+        }
+        self.commits += 1;
+        if self.fail_before_commit == Some(self.commits) {
+            return Err(ProjectionError::InjectedCrash);
+        }
+        let mut options = WriteOptions::default();
+        options.set_sync(self.config.sync_writes);
+        self.db.write_opt(batch, &options).map_err(store_error)
+    }
+
+    /// Steps until every log partition is consumed up to its end offset as it
+    /// was when called. Returns the events applied.
+    pub async fn catch_up(&mut self) -> Result<u64, ProjectionError> {
+        let mut ends = Vec::new();
+        for lp in 0..self.cursors.len() {
+            ends.push(self.log.end_offset(lp as u32).await?);
+        }
+        let mut events = 0;
+        while self.positions().iter().zip(&ends).any(|(at, end)| at < end) {
+            let outcome = self.step().await?;
+            events += outcome.events as u64;
+            if outcome.entries == 0 {
+                break;
+            }
+        }
+        Ok(events)
+    }
+
+    /// Follows the log until `stop` turns true.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ProjectionError> {
+        loop {
+            if *stop.borrow_and_update() {
+                return Ok(());
+            }
+            if self.step().await?.entries > 0 {
+                continue;
+            }
+            let per_partition = self.config.idle_wait / self.cursors.len().max(1) as u32;
+            for (lp, at) in self.positions().into_iter().enumerate() {
+                tokio::select! {
+                    found = self.log.wait_for(lp as u32, at, per_partition) => if found? { break },
+                    _ = stop.changed() => break,
+                }
+            }
+        }
+    }
+}
+
+/// The projection of `key`, from the cache or the database.
+fn load_partition<'a>(
+    db: &DB,
+    cache: &'a mut HashMap<PartitionKey, PartitionProjection>,
+    key: &PartitionKey,
+) -> Result<&'a mut PartitionProjection, ProjectionError> {
+    if !cache.contains_key(key) {
+        let stored = get(db, store::PARTITIONS, &store::partition_key(key))?.unwrap_or_default();
+        cache.insert(key.clone(), stored);
+    }
+    Ok(cache.get_mut(key).expect("just inserted"))
+}
+
+/// Changes of one step, keyed so the batch is written in a fixed order.
+#[derive(Default)]
+struct Work {
+    puts: BTreeMap<(&'static str, String), Vec<u8>>,
+    /// Balance of each touched partition before the step (for roll-up deltas).
+    old_balances: BTreeMap<PartitionKey, Option<PartitionBalance>>,
+    reservations: BTreeSet<(PartitionKey, ReservationId)>,
+    digests: BTreeMap<String, RollingDigest>,
+    histograms: BTreeMap<(&'static str, String), EfficiencyHistogram>,
+    drifts: BTreeMap<String, InputDrift>,
+}
+
+impl Work {
+    fn put(&mut self, cf: &'static str, key: String, value: Vec<u8>) {
+        self.puts.insert((cf, key), value);
+    }
+
+    fn digest(&mut self, db: &DB, key: String) -> Result<&mut RollingDigest, ProjectionError> {
+        if !self.digests.contains_key(&key) {
+            let stored = match get_raw(db, store::DIGESTS, &key)? {
+                None => RollingDigest::default(),
+                Some(bytes) => {
+                    RollingDigest::decode(&bytes).map_err(|reason| ProjectionError::Corrupt {
+                        cf: store::DIGESTS,
+                        key: key.clone(),
+                        reason,
+                    })?
+                }
+            };
+            self.digests.insert(key.clone(), stored);
+        }
+        Ok(self.digests.get_mut(&key).expect("just inserted"))
+    }
+
+    fn drift(&mut self, db: &DB, route: &str) -> Result<&mut InputDrift, ProjectionError> {
+        if !self.drifts.contains_key(route) {
+            let stored = get(db, store::INPUT_DRIFT, route)?.unwrap_or_default();
+            self.drifts.insert(route.to_string(), stored);
+        }
+        Ok(self.drifts.get_mut(route).expect("just inserted"))
+    }
+
+    fn histogram(
+        &mut self,
+        db: &DB,
+        cf: &'static str,
+        key: &str,
+    ) -> Result<&mut EfficiencyHistogram, ProjectionError> {
+        let slot = (cf, key.to_string());
+        if !self.histograms.contains_key(&slot) {
+            let stored = get(db, cf, key)?.unwrap_or_default();
+            self.histograms.insert(slot.clone(), stored);
+        }
+        Ok(self.histograms.get_mut(&slot).expect("just inserted"))
+    }
+
+    /// Turns the touched state into puts: partitions, balances, roll-ups,
+    /// reservation records, digests and histograms.
+    fn finish(
+        &mut self,
+        db: &DB,
+        partitions: &HashMap<PartitionKey, PartitionProjection>,
+    ) -> Result<(), ProjectionError> {
+        let mut rollups: BTreeMap<(&'static str, String), Rollup> = BTreeMap::new();
+        for (key, old) in std::mem::take(&mut self.old_balances) {
+            let proj = &partitions[&key];
+            let pkey = store::partition_key(&key);
+            self.put(store::PARTITIONS, pkey.clone(), encode(proj));
+            let new = PartitionBalance::of(proj);
+            if let Some(new) = &new {
+                self.put(store::BALANCES, pkey, encode(new));
+            }
+            if old == new {
+                continue;
+            }
+            for slot in [
+                (store::TENANT_BALANCES, key.subject.clone()),
+                (store::ROUTE_BALANCES, key.route.clone()),
+            ] {
+                if !rollups.contains_key(&slot) {
+                    let stored = get(db, slot.0, &slot.1)?.unwrap_or_default();
+                    rollups.insert(slot.clone(), stored);
+                }
+                let rollup = rollups.get_mut(&slot).expect("just inserted");
+                if let Some(old) = &old {
+                    rollup.fold(old, false);
+                }
+                if let Some(new) = &new {
+                    rollup.fold(new, true);
+                }
+            }
+        }
+        for ((cf, key), rollup) in rollups {
+            self.put(cf, key, encode(&rollup));
+        }
+        for (key, id) in std::mem::take(&mut self.reservations) {
+            let reservation = partitions[&key]
+                .partition
+                .reservation(&id)
+                .expect("a touched reservation exists")
+                .clone();
+            let record = ReservationRecord {
+                key: key.clone(),
+                reservation,
+            };
+            self.put(
+                store::RESERVATIONS,
+                store::reservation_key(&key, id.as_str()),
+                encode(&record),
+            );
+        }
+        for (key, digest) in std::mem::take(&mut self.digests) {
+            self.put(store::DIGESTS, key, digest.encode());
+        }
+        for ((cf, key), histogram) in std::mem::take(&mut self.histograms) {
+            self.put(cf, key, encode(&histogram));
+        }
+        for (route, drift) in std::mem::take(&mut self.drifts) {
+            self.put(store::INPUT_DRIFT, route, encode(&drift));
+        }
+        Ok(())
+    }
+}
+
+/// Folds one record (one command's events for one ledger partition) into its
+/// partition and the derived models.
+fn apply_record(
+    db: &DB,
+    work: &mut Work,
+    proj: &mut PartitionProjection,
+    position: Position,
+    record: &Record,
+) -> Result<(), ProjectionError> {
+    let key = &record.key;
+    work.old_balances
+        .entry(key.clone())
+        .or_insert_with(|| PartitionBalance::of(proj));
+    if proj.quarantine.is_some() {
+        proj.skipped_events += record.events.len() as u64;
+        return Ok(());
+    }
+    for (index, event) in record.events.iter().enumerate() {
+        let result = match &event.body {
+            EventBody::PartitionOpened { key: opened, .. } if opened != key => {
+                Err("PartitionOpened names another partition than its record".to_string())
+            }
+            _ => try_apply(&mut proj.partition, event).map_err(|e| e.to_string()),
+        };
+        if let Err(error) = result {
+            let finding = Finding {
+                key: key.clone(),
+                log_partition: position.log_partition,
+                offset: position.offset,
+                event_index: index as u32,
+                sequence: event.sequence,
+                error,
+            };
+            tracing::warn!(
+                ?finding,
+                "event refused by try_apply; partition quarantined"
+            );
+            work.put(
+                store::FINDINGS,
+                store::finding_key(position.log_partition, position.offset, index as u32),
+                encode(&finding),
+            );
+            proj.quarantine = Some(finding);
+            proj.skipped_events += (record.events.len() - index) as u64;
+            return Ok(());
+        }
+        derive(db, work, proj, position, key, event)?;
+    }
+    Ok(())
+}
+
+/// The read models an applied event feeds besides the partition itself.
+fn derive(
+    db: &DB,
+    work: &mut Work,
+    proj: &mut PartitionProjection,
+    position: Position,
+    key: &PartitionKey,
+    event: &Event,
+) -> Result<(), ProjectionError> {
+    match &event.body {
+        EventBody::PartitionOpened { .. } => proj.opened_at_ms = event.at_ms,
+        EventBody::AdmissionRefused {
+            id,
+            requested_units,
+            reason,
+            retry_after_ms,
+        } => {
+            let refusal = Refusal {
+                key: key.clone(),
+                at_ms: event.at_ms,
+                sequence: event.sequence,
+                reservation_id: id.to_string(),
+                requested_units: *requested_units,
+                reason: *reason,
+                retry_after_ms: *retry_after_ms,
+                available_units: proj.partition.ledger.available_units,
+                burst_units: proj.partition.policy.as_ref().map_or(0, |p| p.burst_units),
+            };
+            work.put(
+                store::REFUSALS,
+                store::refusal_key(key, event.at_ms, event.sequence),
+                encode(&refusal),
+            );
+        }
+        EventBody::Settled {
+            id, actual_units, ..
+        } => {
+            let reserved_units = proj
+                .partition
+                .reservation(id)
+                .expect("try_apply accepted a settle of this reservation")
+                .reserved_units;
+            work.histogram(db, store::EFFICIENCY_BY_ROUTE, &key.route)?
+                .observe(*actual_units, reserved_units);
+            work.histogram(db, store::EFFICIENCY_BY_TENANT, &key.subject)?
+                .observe(*actual_units, reserved_units);
+            // Events carry neither the model nor an input/output split yet: the
+            // whole settled amount is the sample, under model "default".
+            let digest_key =
+                store::digest_key(&key.route, store::DEFAULT_MODEL, position.log_partition);
+            work.digest(db, digest_key)?.observe(*actual_units);
+        }
+        _ => {}
+    }
+    if let Some((counted, reported)) = input_drift_sample(&event.body) {
+        work.drift(db, &key.route)?.observe(counted, reported);
+    }
+    if let Some(id) = event.body.reservation_id() {
+        if !matches!(event.body, EventBody::AdmissionRefused { .. }) {
+            work.reservations.insert((key.clone(), id.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Input-token drift sample of an event: (counted input, provider-reported
+/// input). No event reports provider input yet, so this is always `None`; the
+/// path through `Work::drift` into column family `input_drift` is in place for
+/// when the settle event carries both.
+fn input_drift_sample(_body: &EventBody) -> Option<(u64, u64)> {
+    None
+}

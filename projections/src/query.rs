@@ -1,0 +1,265 @@
+//! Queries over the projection database: balances, reservations, route
+//! estimates, efficiency, refusals, findings, and the diagnosis of a tenant who
+//! is refused below their contract. Plain functions; the HTTP layer is mounted
+//! by the server.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reservoir_core::{PartitionKey, RouteEstimate};
+use reservoir_log::Position;
+use rocksdb::DB;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::diagnosis::{diagnose, Diagnosis, DiagnosisInputs};
+use crate::model::{
+    Cursor, EfficiencyHistogram, Finding, InputDrift, PartitionBalance, Refusal, ReservationRecord,
+    Rollup,
+};
+use crate::sketch::{merged, RollingDigest};
+use crate::store::{self, decode, get, scan_prefix};
+use crate::ProjectionError;
+
+/// A route's output-token estimate from the merged digests of every source
+/// log partition.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RouteEstimateView {
+    pub route: String,
+    pub model: String,
+    /// Samples in the window (what the quantiles describe).
+    pub samples: u64,
+    pub lifetime_samples: u64,
+    pub p50_units: Option<u64>,
+    pub p75_units: Option<u64>,
+    pub p90_units: Option<u64>,
+    pub p99_units: Option<u64>,
+    /// `samples >= min_samples`: the route's own distribution can be trusted.
+    pub warm: bool,
+}
+
+/// Read access to a projection database, following a projector's progress when
+/// it runs in the same process.
+#[derive(Clone)]
+pub struct Projections {
+    db: Arc<DB>,
+    positions: Option<watch::Receiver<Vec<u64>>>,
+}
+
+impl Projections {
+    pub(crate) fn new(db: Arc<DB>, positions: watch::Receiver<Vec<u64>>) -> Self {
+        Self {
+            db,
+            positions: Some(positions),
+        }
+    }
+
+    /// Queries over a database no projector in this process writes (polls it).
+    pub fn detached(db: Arc<DB>) -> Self {
+        Self {
+            db,
+            positions: None,
+        }
+    }
+
+    pub fn db(&self) -> &DB {
+        &self.db
+    }
+
+    /// Next offset the projection will consume in `log_partition`.
+    pub fn consumed(&self, log_partition: u32) -> Result<u64, ProjectionError> {
+        let cursor: Cursor =
+            get(&self.db, store::CURSORS, &store::cursor_key(log_partition))?.unwrap_or_default();
+        Ok(cursor.next_offset)
+    }
+
+    /// Waits until the projection has consumed the entry at `position` (so an
+    /// answer read afterwards is no older than that write), or `timeout` passes.
+    pub async fn wait_for_position(
+        &self,
+        position: Position,
+        timeout: Duration,
+    ) -> Result<(), ProjectionError> {
+        let started = Instant::now();
+        let mut positions = self.positions.clone();
+        loop {
+            if self.consumed(position.log_partition)? > position.offset {
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited >= timeout {
+                return Err(ProjectionError::Timeout {
+                    position,
+                    waited_ms: waited.as_millis() as u64,
+                });
+            }
+            // Wake on the projector's signal when there is one; poll regardless,
+            // so a projector in another process is followed too.
+            let nap = (timeout - waited).min(Duration::from_millis(20));
+            match positions.as_mut() {
+                Some(rx) => {
+                    if let Ok(Err(_)) = tokio::time::timeout(nap, rx.changed()).await {
+                        positions = None;
+                    }
+                }
+                None => tokio::time::sleep(nap).await,
+            }
+        }
+    }
+
+    pub fn partition_balance(
+        &self,
+        key: &PartitionKey,
+    ) -> Result<Option<PartitionBalance>, ProjectionError> {
+        get(&self.db, store::BALANCES, &store::partition_key(key))
+    }
+
+    /// Balances of every partition of a tenant, in key order.
+    pub fn tenant_partitions(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<PartitionBalance>, ProjectionError> {
+        scan_prefix(&self.db, store::BALANCES, &format!("{tenant}|"))?
+            .iter()
+            .map(|(k, v)| decode(store::BALANCES, k, v))
+            .collect()
+    }
+
+    /// Every partition balance in the projection.
+    pub fn all_balances(&self) -> Result<Vec<PartitionBalance>, ProjectionError> {
+        scan_prefix(&self.db, store::BALANCES, "")?
+            .iter()
+            .map(|(k, v)| decode(store::BALANCES, k, v))
+            .collect()
+    }
+
+    pub fn tenant_balance(&self, tenant: &str) -> Result<Option<Rollup>, ProjectionError> {
+        get(&self.db, store::TENANT_BALANCES, tenant)
+    }
+
+    pub fn route_balance(&self, route: &str) -> Result<Option<Rollup>, ProjectionError> {
+        get(&self.db, store::ROUTE_BALANCES, route)
+    }
+
+    pub fn reservation(
+        &self,
+        key: &PartitionKey,
+        id: &str,
+    ) -> Result<Option<ReservationRecord>, ProjectionError> {
+        get(
+            &self.db,
+            store::RESERVATIONS,
+            &store::reservation_key(key, id),
+        )
+    }
+
+    fn route_digests(
+        &self,
+        route: &str,
+        model: &str,
+    ) -> Result<Vec<RollingDigest>, ProjectionError> {
+        // Key order is log-partition order: the merge order is fixed.
+        scan_prefix(
+            &self.db,
+            store::DIGESTS,
+            &store::digest_prefix(route, model),
+        )?
+        .into_iter()
+        .map(|(k, v)| {
+            RollingDigest::decode(&v).map_err(|reason| ProjectionError::Corrupt {
+                cf: store::DIGESTS,
+                key: String::from_utf8_lossy(&k).into_owned(),
+                reason,
+            })
+        })
+        .collect()
+    }
+
+    /// The route's estimate: p50/p75/p90/p99 of settled output, sample counts,
+    /// and warm or cold against `min_samples`.
+    pub fn route_estimate(
+        &self,
+        route: &str,
+        model: &str,
+        min_samples: u64,
+    ) -> Result<RouteEstimateView, ProjectionError> {
+        let sources = self.route_digests(route, model)?;
+        let samples = sources.iter().map(RollingDigest::window_samples).sum();
+        let digest = merged(&sources);
+        let q = |q: f64| {
+            digest
+                .as_ref()
+                .map(|d| d.estimate_quantile(q).round() as u64)
+        };
+        Ok(RouteEstimateView {
+            route: route.to_string(),
+            model: model.to_string(),
+            samples,
+            lifetime_samples: sources.iter().map(RollingDigest::lifetime_samples).sum(),
+            p50_units: q(0.50),
+            p75_units: q(0.75),
+            p90_units: q(0.90),
+            p99_units: q(0.99),
+            warm: samples >= min_samples && samples > 0,
+        })
+    }
+
+    /// The route's estimate at `quantile_ppm`, in the shape reservation sizing
+    /// (`reservoir_core::size_reservation`) takes. `None` without samples.
+    pub fn route_estimate_at(
+        &self,
+        route: &str,
+        model: &str,
+        quantile_ppm: u64,
+    ) -> Result<Option<RouteEstimate>, ProjectionError> {
+        let sources = self.route_digests(route, model)?;
+        let samples = sources.iter().map(RollingDigest::window_samples).sum();
+        Ok(merged(&sources).map(|d| RouteEstimate {
+            samples,
+            quantile_units: d.estimate_quantile(quantile_ppm as f64 / 1e6).round() as u64,
+        }))
+    }
+
+    pub fn efficiency_by_route(&self, route: &str) -> Result<EfficiencyHistogram, ProjectionError> {
+        Ok(get(&self.db, store::EFFICIENCY_BY_ROUTE, route)?.unwrap_or_default())
+    }
+
+    pub fn efficiency_by_tenant(
+        &self,
+        tenant: &str,
+    ) -> Result<EfficiencyHistogram, ProjectionError> {
+        Ok(get(&self.db, store::EFFICIENCY_BY_TENANT, tenant)?.unwrap_or_default())
+    }
+
+    pub fn input_drift(&self, route: &str) -> Result<Option<InputDrift>, ProjectionError> {
+        get(&self.db, store::INPUT_DRIFT, route)
+    }
+
+    /// A tenant's refusals in time order.
+    pub fn refusals(&self, tenant: &str) -> Result<Vec<Refusal>, ProjectionError> {
+        scan_prefix(&self.db, store::REFUSALS, &format!("{tenant}|"))?
+            .iter()
+            .map(|(k, v)| decode(store::REFUSALS, k, v))
+            .collect()
+    }
+
+    /// Events `try_apply` refused, in log order.
+    pub fn findings(&self) -> Result<Vec<Finding>, ProjectionError> {
+        scan_prefix(&self.db, store::FINDINGS, "")?
+            .iter()
+            .map(|(k, v)| decode(store::FINDINGS, k, v))
+            .collect()
+    }
+
+    /// Why a tenant is refused (see [`crate::diagnosis`]).
+    pub fn diagnosis(&self, tenant: &str) -> Result<Diagnosis, ProjectionError> {
+        let inputs = DiagnosisInputs {
+            refusals: self.refusals(tenant)?,
+            efficiency: self.efficiency_by_tenant(tenant)?,
+            utilization_permille: self
+                .tenant_balance(tenant)?
+                .map_or(0, |r| r.utilization_permille()),
+        };
+        Ok(diagnose(tenant, &inputs))
+    }
+}

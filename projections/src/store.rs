@@ -1,0 +1,179 @@
+//! The projection database: one RocksDB (separate from the log) with one column
+//! family per read model, key encodings, and [`dump`].
+//!
+//! Keys are ASCII with `|` separators (identifiers never contain `|`), numbers
+//! zero-padded so byte order is numeric order.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use reservoir_core::PartitionKey;
+use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, DB};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::ProjectionError;
+
+/// Log position and fence state per log partition (key: log partition).
+pub const CURSORS: &str = "cursors";
+/// Serialized [`crate::model::PartitionProjection`] per ledger partition: what
+/// the projector resumes from.
+pub const PARTITIONS: &str = "partitions";
+pub const BALANCES: &str = "balances";
+pub const TENANT_BALANCES: &str = "tenant_balances";
+pub const ROUTE_BALANCES: &str = "route_balances";
+/// Key: partition key `|` reservation id.
+pub const RESERVATIONS: &str = "reservations";
+/// Key: route `|` model `|` source log partition.
+pub const DIGESTS: &str = "digests";
+pub const EFFICIENCY_BY_ROUTE: &str = "efficiency_by_route";
+pub const EFFICIENCY_BY_TENANT: &str = "efficiency_by_tenant";
+pub const INPUT_DRIFT: &str = "input_drift";
+/// Key: tenant `|` at_ms `|` partition key `|` sequence.
+pub const REFUSALS: &str = "refusals";
+/// Key: log partition `|` offset `|` event index.
+pub const FINDINGS: &str = "findings";
+
+/// Every column family, in dump order.
+pub const COLUMN_FAMILIES: [&str; 12] = [
+    CURSORS,
+    PARTITIONS,
+    BALANCES,
+    TENANT_BALANCES,
+    ROUTE_BALANCES,
+    RESERVATIONS,
+    DIGESTS,
+    EFFICIENCY_BY_ROUTE,
+    EFFICIENCY_BY_TENANT,
+    INPUT_DRIFT,
+    REFUSALS,
+    FINDINGS,
+];
+
+/// Model name used until events carry the model: everything is `default`.
+pub const DEFAULT_MODEL: &str = "default";
+
+pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    let db = DB::open_cf_descriptors(&options, path.as_ref(), cfs).map_err(store_error)?;
+    Ok(Arc::new(db))
+}
+
+pub(crate) fn store_error(e: impl std::fmt::Display) -> ProjectionError {
+    ProjectionError::Store(e.to_string())
+}
+
+pub fn partition_key(key: &PartitionKey) -> String {
+    format!(
+        "{}|{}|{}|{:020}",
+        key.subject, key.route, key.accounting_epoch, key.policy_generation
+    )
+}
+
+pub fn cursor_key(log_partition: u32) -> String {
+    format!("{log_partition:010}")
+}
+
+pub fn reservation_key(key: &PartitionKey, id: &str) -> String {
+    format!("{}|{id}", partition_key(key))
+}
+
+pub fn digest_prefix(route: &str, model: &str) -> String {
+    format!("{route}|{model}|")
+}
+
+pub fn digest_key(route: &str, model: &str, log_partition: u32) -> String {
+    format!("{}{log_partition:010}", digest_prefix(route, model))
+}
+
+pub fn refusal_key(key: &PartitionKey, at_ms: u64, sequence: u64) -> String {
+    format!(
+        "{}|{at_ms:020}|{}|{sequence:020}",
+        key.subject,
+        partition_key(key)
+    )
+}
+
+pub fn finding_key(log_partition: u32, offset: u64, event_index: u32) -> String {
+    format!("{log_partition:010}|{offset:020}|{event_index:010}")
+}
+
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("read models serialize to JSON")
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(
+    cf: &'static str,
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<T, ProjectionError> {
+    serde_json::from_slice(bytes).map_err(|e| ProjectionError::Corrupt {
+        cf,
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: e.to_string(),
+    })
+}
+
+pub(crate) fn get_raw(
+    db: &DB,
+    cf: &'static str,
+    key: &str,
+) -> Result<Option<Vec<u8>>, ProjectionError> {
+    let handle = db
+        .cf_handle(cf)
+        .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
+    db.get_cf(handle, key.as_bytes()).map_err(store_error)
+}
+
+pub(crate) fn get<T: DeserializeOwned>(
+    db: &DB,
+    cf: &'static str,
+    key: &str,
+) -> Result<Option<T>, ProjectionError> {
+    get_raw(db, cf, key)?
+        .map(|bytes| decode(cf, key.as_bytes(), &bytes))
+        .transpose()
+}
+
+/// A raw key and value.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// One logical entry of [`dump`]: column family, key, value.
+pub type DumpEntry = (String, Vec<u8>, Vec<u8>);
+
+/// Every key/value of `cf` whose key starts with `prefix`, in key order.
+pub(crate) fn scan_prefix(
+    db: &DB,
+    cf: &'static str,
+    prefix: &str,
+) -> Result<Vec<KeyValue>, ProjectionError> {
+    let handle = db
+        .cf_handle(cf)
+        .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
+    let mode = IteratorMode::From(prefix.as_bytes(), rocksdb::Direction::Forward);
+    let mut out = Vec::new();
+    for item in db.iterator_cf(handle, mode) {
+        let (k, v) = item.map_err(store_error)?;
+        if !k.starts_with(prefix.as_bytes()) {
+            break;
+        }
+        out.push((k.to_vec(), v.to_vec()));
+    }
+    Ok(out)
+}
+
+/// Every logical key/value of the projection, column family by column family in
+/// [`COLUMN_FAMILIES`] order, keys in byte order. Two projections of the same log
+/// have equal dumps.
+pub fn dump(db: &DB) -> Result<Vec<DumpEntry>, ProjectionError> {
+    let mut out = Vec::new();
+    for cf in COLUMN_FAMILIES {
+        for (k, v) in scan_prefix(db, cf, "")? {
+            out.push((cf.to_string(), k, v));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,9 @@
+//! Integration tests of the read side, one binary with a module per area.
+
+mod projections {
+    pub mod support;
+
+    mod crash;
+    mod diagnosis;
+    mod live_vs_rebuilt;
+}

@@ -1,0 +1,153 @@
+//! The diagnosis table on synthetic tenants, simulated in writer time through
+//! the core and the real log, then projected: an over-reserving tenant, a
+//! bursty one, one whose limit is too low, and a healthy one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use reservoir_core::{Command, OperationId, Policy, RefillRule, RequestDigest, ReservationId};
+use reservoir_projections::{store, Projector, Verdict};
+
+use super::support::*;
+
+const SECOND_MS: u64 = 1_000;
+const CALL_MS: u64 = 30_000;
+const INPUT_UNITS: u64 = 500;
+const MINUTES: u64 = 20;
+
+/// Output tokens: skewed, mean ≈ 1,850, clipped to [200, 4,000].
+fn output_units(rng: &mut Rng) -> u64 {
+    let z: f64 = (0..6)
+        .map(|_| rng.next() as f64 / (1u64 << 53) as f64)
+        .sum::<f64>()
+        - 3.0;
+    ((7.45 + 0.45 * z).exp().round() as u64).clamp(200, 4_000)
+}
+
+/// 120,000 tokens a minute, bucket of one minute.
+fn contract(tenant: &str) -> Policy {
+    let mut policy = Policy::example(tenant, "summarize", 1);
+    policy.refill = RefillRule {
+        units: 120_000,
+        interval_ms: 60_000,
+    };
+    policy.burst_units = 120_000;
+    policy.opening_units = 120_000;
+    policy.max_reservation_units = 120_000;
+    policy.max_overdraft_units = 60_000;
+    policy
+}
+
+struct Tenant {
+    name: &'static str,
+    reserve_units: u64,
+    /// Calls arriving in simulated second `t`.
+    arrivals: fn(u64) -> u64,
+}
+
+/// Arrivals at `per_minute` calls a minute, spread evenly.
+fn steady(t: u64, per_minute: u64) -> u64 {
+    (t + 1) * per_minute / 60 - t * per_minute / 60
+}
+
+#[tokio::test]
+async fn diagnosis_names_the_cause() {
+    let tenants = [
+        // Fixed 4,000-token output reservation, offered 110% of the contract.
+        Tenant {
+            name: "over",
+            reserve_units: INPUT_UNITS + 4_000,
+            arrivals: |t| steady(t, 56),
+        },
+        // Well-sized reservations, 80 calls at once every five minutes.
+        Tenant {
+            name: "bursty",
+            reserve_units: INPUT_UNITS + 2_500,
+            arrivals: |t| if t % 300 == 10 { 80 } else { 0 },
+        },
+        // Well-sized reservations, steady load at 150% of the contract.
+        Tenant {
+            name: "low-limit",
+            reserve_units: INPUT_UNITS + 2_500,
+            arrivals: |t| steady(t, 77),
+        },
+        // Well within the contract.
+        Tenant {
+            name: "healthy",
+            reserve_units: INPUT_UNITS + 2_500,
+            arrivals: |t| steady(t, 10),
+        },
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::open(&dir.path().join("log"), "writer-1").await;
+    let mut rng = Rng::new(0xD1A6);
+    let mut in_flight: BTreeMap<u64, Vec<(usize, ReservationId, u64)>> = BTreeMap::new();
+    for t in &tenants {
+        driver.open_partition(&key(t.name, "summarize"), contract(t.name), 0);
+    }
+    let mut n = 0u64;
+    for second in 0..MINUTES * 60 {
+        let now = second * SECOND_MS;
+        for (i, id, actual) in in_flight.remove(&now).unwrap_or_default() {
+            let settle = Command::Settle {
+                id,
+                operation_id: None,
+                actual_units: actual,
+            };
+            driver
+                .submit(&key(tenants[i].name, "summarize"), settle, now)
+                .unwrap();
+        }
+        for (i, tenant) in tenants.iter().enumerate() {
+            let key = key(tenant.name, "summarize");
+            let _ = driver.submit(&key, Command::Refill, now);
+            for _ in 0..(tenant.arrivals)(second) {
+                n += 1;
+                let id = ReservationId::new(format!("c{n}")).unwrap();
+                let reserve = Command::Reserve {
+                    id: id.clone(),
+                    digest: RequestDigest([0; 32]),
+                    units: tenant.reserve_units,
+                };
+                if driver.submit(&key, reserve, now).is_err() {
+                    continue;
+                }
+                let start = Command::Start {
+                    id: id.clone(),
+                    operation_id: OperationId::new(format!("op{n}")).unwrap(),
+                };
+                driver.submit(&key, start, now).unwrap();
+                let actual = INPUT_UNITS + output_units(&mut rng);
+                in_flight
+                    .entry(now + CALL_MS)
+                    .or_default()
+                    .push((i, id, actual));
+            }
+        }
+        if second % 30 == 0 {
+            driver.flush().await;
+        }
+    }
+    driver.flush().await;
+
+    let db = store::open(dir.path().join("projection")).unwrap();
+    let mut projector = Projector::open(driver.log.clone(), db, config(1_024)).unwrap();
+    projector.catch_up().await.unwrap();
+    let projections = projector.projections();
+    let expected = [
+        ("over", Verdict::OverReservation),
+        ("bursty", Verdict::BurstCapacity),
+        ("low-limit", Verdict::LimitTooLow),
+        ("healthy", Verdict::Healthy),
+    ];
+    let mut failures = Vec::new();
+    for (tenant, verdict) in expected {
+        let d = projections.diagnosis(tenant).unwrap();
+        println!("{d:?}");
+        if d.verdict != verdict {
+            failures.push(format!("{tenant}: expected {verdict:?}, got {d:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    drop(Arc::clone(&driver.log));
+}

@@ -1,0 +1,129 @@
+//! A projection built live (the projector following the log while it is
+//! written, in many small steps) and rebuilds from scratch are byte-identical.
+
+use std::time::Duration;
+
+use reservoir_core::ReservationState;
+use reservoir_log::Position;
+use reservoir_projections::{dump, store, ProjectionError, Projector};
+use tokio::sync::watch;
+
+use super::support::*;
+
+fn first_difference(a: &[store::DumpEntry], b: &[store::DumpEntry]) -> Option<String> {
+    a.iter().zip(b).find(|(x, y)| x != y).map(|(x, y)| {
+        format!(
+            "{} {} = {}\n  vs {} {} = {}",
+            x.0,
+            String::from_utf8_lossy(&x.1),
+            String::from_utf8_lossy(&x.2),
+            y.0,
+            String::from_utf8_lossy(&y.1),
+            String::from_utf8_lossy(&y.2)
+        )
+    })
+}
+
+pub fn assert_same(a: &[store::DumpEntry], b: &[store::DumpEntry]) {
+    if let Some(diff) = first_difference(a, b) {
+        panic!("projections differ: {diff}");
+    }
+    assert_eq!(a.len(), b.len(), "projections differ in length");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_projection_equals_rebuild_from_scratch() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("log");
+    let mut driver = Driver::open(&log_path, "writer-1").await;
+    let mut mixed = Mixed::new(&mut driver);
+    mixed.run(&mut driver, 20).await;
+    // A second writer takes over the log partition: a new claim mid-log.
+    let mut driver = driver.reopen(&log_path, "writer-2").await;
+
+    let db = store::open(dir.path().join("live")).unwrap();
+    let projector = Projector::open(driver.log.clone(), db.clone(), config(7)).unwrap();
+    let projections = projector.projections();
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(projector.run(stopped));
+    for _ in 0..6 {
+        mixed.run(&mut driver, 15).await;
+        let position = driver.last_position.unwrap();
+        projections
+            .wait_for_position(position, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(projections.consumed(0).unwrap() > position.offset);
+    }
+    // A position no write has reached yet: a clear timeout.
+    let beyond = Position {
+        log_partition: 0,
+        offset: driver.last_position.unwrap().offset + 10,
+    };
+    let waited = projections
+        .wait_for_position(beyond, Duration::from_millis(100))
+        .await;
+    assert!(
+        matches!(waited, Err(ProjectionError::Timeout { .. })),
+        "{waited:?}"
+    );
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+
+    let live = dump(&db).unwrap();
+    let rebuilt = rebuild(driver.log.clone(), &dir.path().join("rebuilt"), 1_024).await;
+    assert_same(&live, &rebuilt);
+    let entry_by_entry = rebuild(driver.log.clone(), &dir.path().join("one-by-one"), 1).await;
+    assert_same(&live, &entry_by_entry);
+
+    // The projection holds what the scenario did.
+    let count = |cf: &str| live.iter().filter(|(c, ..)| c == cf).count();
+    println!(
+        "dump: {} key/values; {} reservations, {} refusals, {} digests",
+        live.len(),
+        count(store::RESERVATIONS),
+        count(store::REFUSALS),
+        count(store::DIGESTS)
+    );
+    check_conservation(&projections, &driver);
+    let findings = projections.findings().unwrap();
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert_eq!(findings[0].key, corrupt_key());
+    assert!(findings[0].error.contains("sequence gap"), "{findings:?}");
+    let quarantined = projections
+        .partition_balance(&corrupt_key())
+        .unwrap()
+        .unwrap();
+    assert!(quarantined.quarantined && quarantined.skipped_events > 0);
+
+    let mut states = std::collections::BTreeSet::new();
+    for key in mixed_keys() {
+        for (id, r) in &driver.partitions[&key].reservations {
+            let record = projections.reservation(&key, id.as_str()).unwrap().unwrap();
+            assert_eq!(&record.reservation, r);
+            states.insert(format!("{:?}", r.state));
+        }
+    }
+    for state in [
+        ReservationState::Settled,
+        ReservationState::SettledWithDebt,
+        ReservationState::Released,
+        ReservationState::Expired,
+    ] {
+        assert!(
+            states.contains(&format!("{state:?}")),
+            "{state:?} not exercised: {states:?}"
+        );
+    }
+    assert!(!projections.refusals("t1").unwrap().is_empty());
+    let estimate = projections
+        .route_estimate("chat", store::DEFAULT_MODEL, 10)
+        .unwrap();
+    assert!(estimate.warm && estimate.samples > 10, "{estimate:?}");
+    assert!(estimate.p50_units <= estimate.p90_units && estimate.p90_units <= estimate.p99_units);
+    let efficiency = projections.efficiency_by_route("chat").unwrap();
+    assert_eq!(efficiency.samples, estimate.lifetime_samples);
+    assert!(projections.input_drift("chat").unwrap().is_none());
+    let t1 = projections.tenant_balance("t1").unwrap().unwrap();
+    assert_eq!(t1.partitions, 2);
+}

@@ -1,0 +1,312 @@
+//! A log built by driving the real core (`decide` / `apply`) and appending its
+//! records to a real `EmbeddedLog` under a claim, like the server's writer does.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use reservoir_core::{
+    apply, decide, refusal_event, Command, Event, EventBody, OperationId, Partition, PartitionKey,
+    Policy, Rejection, RequestDigest, ReservationId,
+};
+use reservoir_log::embedded::EmbeddedLog;
+use reservoir_log::{Claim, EventLog, Position, Record};
+use reservoir_projections::{dump, store, Projections, Projector, ProjectorConfig};
+
+pub struct Driver {
+    pub log: Arc<EmbeddedLog>,
+    claim: Claim,
+    pub partitions: BTreeMap<PartitionKey, Partition>,
+    pending: Vec<Record>,
+    pub last_position: Option<Position>,
+}
+
+impl Driver {
+    pub async fn open(path: &Path, writer_id: &str) -> Self {
+        let log = EmbeddedLog::open(path, writer_id).unwrap();
+        let claim = log.claim(0).await.unwrap();
+        Self {
+            log: Arc::new(log),
+            claim,
+            partitions: BTreeMap::new(),
+            pending: Vec::new(),
+            last_position: None,
+        }
+    }
+
+    /// Closes the log and reopens it as another writer, which claims it anew.
+    pub async fn reopen(self, path: &Path, writer_id: &str) -> Self {
+        assert!(self.pending.is_empty());
+        let partitions = self.partitions;
+        let last_position = self.last_position;
+        drop(Arc::into_inner(self.log).expect("nobody else holds the log"));
+        let mut driver = Self::open(path, writer_id).await;
+        driver.partitions = partitions;
+        driver.last_position = last_position;
+        driver
+    }
+
+    /// Decides and applies `command` like the writer; a limit refusal is logged.
+    pub fn submit(
+        &mut self,
+        key: &PartitionKey,
+        command: Command,
+        now: u64,
+    ) -> Result<(), Rejection> {
+        let p = self.partitions.entry(key.clone()).or_default();
+        let events = match decide(p, &command, now) {
+            Ok(events) => Ok(events),
+            Err(rejection) => match refusal_event(p, &command, &rejection, now) {
+                Some(refusal) => {
+                    apply(p, &refusal);
+                    self.push(key, vec![refusal]);
+                    return Err(rejection);
+                }
+                None => Err(rejection),
+            },
+        }?;
+        let p = self.partitions.get_mut(key).unwrap();
+        for e in &events {
+            apply(p, e);
+        }
+        if !events.is_empty() {
+            self.push(key, events);
+        }
+        Ok(())
+    }
+
+    /// Appends events nobody decided (a corrupt log), without applying them.
+    pub fn push(&mut self, key: &PartitionKey, events: Vec<Event>) {
+        self.pending.push(Record {
+            key: key.clone(),
+            writer_id: self.claim.writer_id.clone(),
+            claim_epoch: self.claim.epoch,
+            events,
+        });
+    }
+
+    pub async fn flush(&mut self) {
+        let batch = std::mem::take(&mut self.pending);
+        if batch.is_empty() {
+            return;
+        }
+        let positions = self.log.append(batch).await.unwrap();
+        self.last_position = positions.last().copied();
+    }
+
+    pub fn open_partition(&mut self, key: &PartitionKey, policy: Policy, now: u64) {
+        self.submit(
+            key,
+            Command::OpenPartition {
+                key: key.clone(),
+                policy,
+            },
+            now,
+        )
+        .unwrap();
+    }
+}
+
+pub fn key(tenant: &str, route: &str) -> PartitionKey {
+    PartitionKey::new(tenant, route, "2026-07-19T14:00Z", 1).unwrap()
+}
+
+/// Deterministic generator (xorshift64*), fixed seed: no runtime randomness.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn digest(n: u64) -> RequestDigest {
+    let mut d = [0u8; 32];
+    d[..8].copy_from_slice(&n.to_be_bytes());
+    RequestDigest(d)
+}
+
+/// The partitions the mixed scenario runs on, and one it corrupts.
+pub fn mixed_keys() -> Vec<PartitionKey> {
+    vec![key("t1", "chat"), key("t1", "summarize"), key("t2", "chat")]
+}
+
+pub fn corrupt_key() -> PartitionKey {
+    key("t3", "chat")
+}
+
+/// A scenario over several partitions and tenants: reserves of assorted
+/// sizes (some refused), settles below and above the reservation, overdraft
+/// and the debt freeze, refills repaying debt, releases and expiries. Each
+/// reservation's fate is drawn when it is made, from a fixed seed.
+pub struct Mixed {
+    rng: Rng,
+    round: u64,
+    next_id: u64,
+    schedule: BTreeMap<u64, Vec<(PartitionKey, Command)>>,
+}
+
+pub const ROUND_MS: u64 = 1_000;
+
+impl Mixed {
+    pub fn new(driver: &mut Driver) -> Self {
+        for key in mixed_keys().into_iter().chain([corrupt_key()]) {
+            let mut policy = Policy::example(&key.subject, &key.route, 1);
+            policy.hold_ttl_ms = 5_000;
+            driver.open_partition(&key, policy, 0);
+        }
+        Self {
+            rng: Rng::new(0xC0FFEE),
+            round: 0,
+            next_id: 0,
+            schedule: BTreeMap::new(),
+        }
+    }
+
+    /// Runs `rounds` rounds (one simulated second each) and flushes once.
+    pub async fn run(&mut self, driver: &mut Driver, rounds: u64) {
+        for _ in 0..rounds {
+            self.round += 1;
+            let now = self.round * ROUND_MS;
+            if self.round == 3 {
+                // A corrupt record: a sequence gap nobody decided.
+                let p = &driver.partitions[&corrupt_key()];
+                let bogus = Event {
+                    sequence: p.last_sequence + 5,
+                    at_ms: now,
+                    body: EventBody::Closed,
+                };
+                driver.push(&corrupt_key(), vec![bogus]);
+            }
+            for (key, command) in self.schedule.remove(&self.round).unwrap_or_default() {
+                let _ = driver.submit(&key, command, now);
+            }
+            for key in mixed_keys().into_iter().chain([corrupt_key()]) {
+                let _ = driver.submit(&key, Command::Refill, now);
+                self.reserve(driver, &key, now);
+            }
+        }
+        driver.flush().await;
+    }
+
+    fn reserve(&mut self, driver: &mut Driver, key: &PartitionKey, now: u64) {
+        self.next_id += 1;
+        let n = self.next_id;
+        let id = ReservationId::new(format!("r{n}")).unwrap();
+        let units = 300 + self.rng.below(3_000);
+        let command = Command::Reserve {
+            id: id.clone(),
+            digest: digest(n),
+            units,
+        };
+        if driver.submit(key, command, now).is_err() {
+            return;
+        }
+        let start = Command::Start {
+            id: id.clone(),
+            operation_id: OperationId::new(format!("op{n}")).unwrap(),
+        };
+        let settle = |actual_units| Command::Settle {
+            id: id.clone(),
+            operation_id: None,
+            actual_units,
+        };
+        let r = self.round;
+        let mut at = |round: u64, command: Command| {
+            self.schedule
+                .entry(round)
+                .or_default()
+                .push((key.clone(), command));
+        };
+        match self.rng.below(8) {
+            0..=3 => {
+                // Settle below or a little above the reservation.
+                let actual = units * (30 + self.rng.below(100)) / 100;
+                at(r + 1, start);
+                at(r + 3, settle(actual.max(1)));
+            }
+            4 => at(r + 2, Command::Release { id: id.clone() }),
+            5 => at(r + 7, Command::Expire { id: id.clone() }),
+            _ => {
+                // Far above: takes from available, then overdraft and debt.
+                let actual = units * 4;
+                at(r + 1, start);
+                at(r + 2, settle(actual));
+            }
+        }
+    }
+}
+
+pub fn config(read_entries_max: usize) -> ProjectorConfig {
+    ProjectorConfig {
+        read_entries_max,
+        ..ProjectorConfig::default()
+    }
+}
+
+/// A projection of `log` rebuilt from scratch in `dir`, in one go.
+pub async fn rebuild<L: EventLog>(
+    log: Arc<L>,
+    dir: &Path,
+    read_entries_max: usize,
+) -> Vec<store::DumpEntry> {
+    let db = store::open(dir).unwrap();
+    let mut projector = Projector::open(log, db.clone(), config(read_entries_max)).unwrap();
+    projector.catch_up().await.unwrap();
+    dump(&db).unwrap()
+}
+
+/// Every projected partition conserves, and its balances are exactly what the
+/// writer's own state says (for partitions the projection did not quarantine).
+pub fn check_conservation(projections: &Projections, driver: &Driver) {
+    let balances = projections.all_balances().unwrap();
+    assert!(!balances.is_empty());
+    for b in &balances {
+        b.ledger.check().unwrap();
+        let stored: reservoir_projections::model::PartitionProjection = serde_json::from_slice(
+            &projections
+                .db()
+                .get_cf(
+                    projections.db().cf_handle(store::PARTITIONS).unwrap(),
+                    store::partition_key(&b.key),
+                )
+                .unwrap()
+                .unwrap(),
+        )
+        .unwrap();
+        stored.partition.check_invariants().unwrap();
+        if !b.quarantined {
+            let live = &driver.partitions[&b.key];
+            assert_eq!(b.ledger, live.ledger, "{}", b.key);
+            assert_eq!(b.debt_units, live.debt_units());
+            assert_eq!(b.last_sequence, live.last_sequence);
+        }
+    }
+    // Roll-ups are the sums of their partitions.
+    for tenant in ["t1", "t2", "t3"] {
+        let rollup = projections.tenant_balance(tenant).unwrap().unwrap();
+        let parts: Vec<_> = balances
+            .iter()
+            .filter(|b| b.key.subject == tenant)
+            .collect();
+        assert_eq!(rollup.partitions, parts.len() as u64);
+        assert_eq!(
+            rollup.ledger.spent_units,
+            parts.iter().map(|b| b.ledger.spent_units).sum::<u64>()
+        );
+        assert_eq!(
+            rollup.debt_units,
+            parts.iter().map(|b| b.debt_units).sum::<u64>()
+        );
+        rollup.ledger.check().unwrap();
+    }
+}
