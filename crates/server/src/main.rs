@@ -1,6 +1,8 @@
-//! `reservoir`: the command line entry point. `reservoir serve` recovers the
-//! ledger from the log (embedded RocksDB log in `--data-dir` by default) and
-//! serves the HTTP API until SIGTERM or Ctrl-C, finishing the batch in flight.
+//! `reservoir`: the command line entry point. `reservoir serve` claims the log,
+//! recovers the ledger from it (embedded RocksDB log in `--data-dir` by default;
+//! `--log kafka --brokers HOST:PORT` for one node on a Kafka topic, which claims
+//! every partition of the topic) and serves the HTTP API until SIGTERM or
+//! Ctrl-C, finishing the batch in flight.
 //!
 //! A panic anywhere aborts the process: a broken invariant must crash, and
 //! recovery from the log is the only restart path (crash-only).
@@ -10,6 +12,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use reservoir_log::embedded::EmbeddedLog;
+use reservoir_log::kafka::{KafkaConfig, KafkaLog};
+use reservoir_log::EventLog;
 use reservoir_server::config::{Cli, CliCommand, Config, LogKind};
 
 fn main() -> ExitCode {
@@ -74,7 +78,33 @@ async fn serve(config: Config) -> Result<(), String> {
             .await?
         }
         LogKind::Kafka => {
-            return Err("--log kafka: the Kafka log is not built into the server yet".to_string())
+            let brokers = config
+                .brokers
+                .clone()
+                .ok_or("--log kafka needs --brokers HOST:PORT")?;
+            let mut kafka = KafkaConfig::new(brokers, writer_id.clone());
+            kafka.topic = config.topic.clone();
+            let log = KafkaLog::connect(kafka)
+                .await
+                .map_err(|e| format!("cannot connect to Kafka: {e}"))?;
+            // One node owns every log partition: claim each before recovery.
+            let mut epochs = Vec::new();
+            for p in 0..log.log_partitions() {
+                let claim = log
+                    .claim(p)
+                    .await
+                    .map_err(|e| format!("cannot claim log partition {p}: {e}"))?;
+                epochs.push(claim.epoch);
+            }
+            tracing::info!(topic = %config.topic, partitions = epochs.len(), "claimed every Kafka log partition");
+            reservoir_server::start(
+                config.clone(),
+                Arc::new(log),
+                writer_id,
+                epochs,
+                shutdown_signal(),
+            )
+            .await?
         }
         LogKind::Memory => {
             let log = Arc::new(reservoir_server::memlog::MemoryLog::new());

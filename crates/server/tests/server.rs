@@ -14,6 +14,8 @@ mod crash;
 mod failures;
 #[path = "server/idempotency.rs"]
 mod idempotency;
+#[path = "server/kafka.rs"]
+mod kafka;
 #[path = "server/lifecycle.rs"]
 mod lifecycle;
 #[path = "server/limits.rs"]

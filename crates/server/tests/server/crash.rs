@@ -26,23 +26,22 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-struct ServerProcess {
-    child: Child,
-    base: String,
+pub struct ServerProcess {
+    pub child: Child,
+    pub base: String,
 }
 
 /// Starts `reservoir serve` on `data_dir` and a free port; returns once `/readyz` is 200.
 async fn spawn_server(data_dir: &Path) -> ServerProcess {
+    spawn_server_with(data_dir, &[]).await
+}
+
+/// Same, with extra `reservoir serve` arguments.
+pub async fn spawn_server_with(data_dir: &Path, extra: &[&str]) -> ServerProcess {
     let mut child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--writer-shards",
-            "2",
-            "--sweep-interval-ms",
-            "100",
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0", "--writer-shards", "2"])
+        .args(["--sweep-interval-ms", "100"])
+        .args(extra)
         .arg("--data-dir")
         .arg(data_dir)
         .env("RESERVOIR_LOG_LEVEL", "info")
