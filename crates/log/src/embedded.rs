@@ -6,15 +6,18 @@
 //! `meta` holds the format tag and the latest claim, written in the same batch as
 //! the claim entry. So replay and projections read either log alike.
 //!
-//! Durability and group commit: one writer thread owns every write. `append`
-//! encodes its records on the caller's task, queues them, and waits; the thread
-//! drains everything queued into ONE `WriteBatch` written with `sync = true`,
-//! assigns dense offsets in queue order, publishes the new end offset and only
-//! then answers. A batch is acknowledged only after it is on disk, so after a
-//! crash the log holds every acknowledged entry, and RocksDB's atomic batches
-//! mean nothing torn. Readers never look past the published end, so they never
-//! see an entry whose write failed. After a failed write the log refuses further
-//! writes (what reached the disk is unknown until it is reopened).
+//! Durability and group commit: every write happens under one lock, assigns
+//! dense offsets in order, goes to RocksDB as ONE `WriteBatch` with
+//! `sync = true`, publishes the new end offset and only then answers. An
+//! uncontended `append` (nothing queued, lock free) writes its own batch on the
+//! caller's thread (`block_in_place`): no thread handoff. Otherwise it queues,
+//! and a dedicated writer thread drains everything queued into one synced write
+//! (group commit), so concurrent appenders share each fsync. A batch is
+//! acknowledged only after it is on disk, so after a crash the log holds every
+//! acknowledged entry, and RocksDB's atomic batches mean nothing torn. Readers
+//! never look past the published end, so they never see an entry whose write
+//! failed. After a failed write the log refuses further writes (what reached
+//! the disk is unknown until it is reopened).
 //!
 //! Fencing: RocksDB's lock file makes the process the only writer; the log still
 //! takes a [`Claim`] like the Kafka log does, so readers apply the one validity
@@ -22,6 +25,7 @@
 //! not carry the held claim.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -81,6 +85,7 @@ pub struct EmbeddedLog {
     path: PathBuf,
     writer_id: String,
     db: Arc<DB>,
+    shared: Arc<Shared>,
     queue: Option<mpsc::Sender<Request>>,
     /// Offset one past the last acknowledged entry.
     end: watch::Receiver<u64>,
@@ -129,22 +134,27 @@ impl EmbeddedLog {
         let db = Arc::new(db);
         let (end_tx, end_rx) = watch::channel(end);
         let (queue_tx, queue_rx) = mpsc::channel(QUEUE_DEPTH_MAX);
-        let writer = Writer {
-            db: db.clone(),
-            next_offset: end,
-            latest_claim,
-            end: end_tx,
-            failed: None,
-        };
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                db: db.clone(),
+                next_offset: end,
+                latest_claim,
+                end: end_tx,
+                failed: None,
+            }),
+            queued: AtomicUsize::new(0),
+        });
+        let writer_shared = shared.clone();
         let writer = std::thread::Builder::new()
             .name("reservoir-embedded-log".into())
-            .spawn(move || writer.run(queue_rx))
+            .spawn(move || run_writer(&writer_shared, queue_rx))
             .map_err(|e| storage("spawning the writer thread", e))?;
         tracing::info!(path = %path.display(), end, "opened embedded log");
         Ok(Self {
             path,
             writer_id: writer_id.into(),
             db,
+            shared,
             queue: Some(queue_tx),
             end: end_rx,
             held: Mutex::new(None),
@@ -181,9 +191,33 @@ impl EmbeddedLog {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Queues a request for the writer thread.
     async fn send(&self, request: Request) -> Result<(), LogError> {
         let queue = self.queue.as_ref().ok_or_else(writer_gone)?;
-        queue.send(request).await.map_err(|_| writer_gone())
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        queue.send(request).await.map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            writer_gone()
+        })
+    }
+
+    /// The uncontended fast path: when nothing is queued and no write is in
+    /// progress, the caller writes its own batch (inside `block_in_place`, so the
+    /// runtime moves its other tasks away), saving the two thread handoffs of the
+    /// queue. Concurrent appenders find the lock taken and queue, and the writer
+    /// thread commits them as one group. Gives the request back when the fast
+    /// path does not apply (e.g. a current-thread runtime).
+    fn try_write_inline(&self, request: Request) -> Option<Request> {
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if !multi_thread || self.shared.queued.load(Ordering::SeqCst) != 0 {
+            return Some(request);
+        }
+        let Ok(mut core) = self.shared.core.try_lock() else {
+            return Some(request);
+        };
+        tokio::task::block_in_place(|| core.write_group(vec![request]));
+        None
     }
 }
 
@@ -258,7 +292,8 @@ fn recover(db: &DB, path: &Path) -> Result<(u64, Option<Claim>), LogError> {
     Ok((end, latest_claim))
 }
 
-struct Writer {
+/// What every write needs, behind one lock: holding it is being the writer.
+struct Core {
     db: Arc<DB>,
     next_offset: u64,
     latest_claim: Option<Claim>,
@@ -268,24 +303,37 @@ struct Writer {
     failed: Option<String>,
 }
 
-impl Writer {
-    fn run(mut self, mut queue: mpsc::Receiver<Request>) {
-        while let Some(first) = queue.blocking_recv() {
-            let mut group = vec![first];
-            let mut entries = group_entries(&group[0]);
-            while entries < WRITE_GROUP_ENTRIES_MAX {
-                match queue.try_recv() {
-                    Ok(request) => {
-                        entries += group_entries(&request);
-                        group.push(request);
-                    }
-                    Err(_) => break,
-                }
-            }
-            self.write_group(group);
-        }
-    }
+struct Shared {
+    core: Mutex<Core>,
+    /// Requests sent to the writer thread and not yet written.
+    queued: AtomicUsize,
+}
 
+/// The writer thread: drains everything queued into one group per synced write.
+fn run_writer(shared: &Shared, mut queue: mpsc::Receiver<Request>) {
+    while let Some(first) = queue.blocking_recv() {
+        let mut group = vec![first];
+        let mut entries = group_entries(&group[0]);
+        while entries < WRITE_GROUP_ENTRIES_MAX {
+            match queue.try_recv() {
+                Ok(request) => {
+                    entries += group_entries(&request);
+                    group.push(request);
+                }
+                Err(_) => break,
+            }
+        }
+        let requests = group.len();
+        shared
+            .core
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_group(group);
+        shared.queued.fetch_sub(requests, Ordering::SeqCst);
+    }
+}
+
+impl Core {
     fn write_group(&mut self, group: Vec<Request>) {
         if let Some(reason) = &self.failed {
             let reason = reason.clone();
@@ -447,8 +495,9 @@ impl EventLog for EmbeddedLog {
         }
         let count = ends.len() as u64;
         let (reply, answer) = oneshot::channel();
-        self.send(Request::Append { bytes, ends, reply }).await?;
-        // Freed while the writer syncs, not before it starts.
+        if let Some(request) = self.try_write_inline(Request::Append { bytes, ends, reply }) {
+            self.send(request).await?;
+        }
         drop(batch);
         let first = answer.await.map_err(|_| writer_gone())??;
         Ok((first..first + count)
