@@ -25,7 +25,7 @@
 //! not carry the held claim.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -143,6 +143,7 @@ impl EmbeddedLog {
                 failed: None,
             }),
             queued: AtomicUsize::new(0),
+            synced_writes: AtomicU64::new(0),
         });
         let writer_shared = shared.clone();
         let writer = std::thread::Builder::new()
@@ -186,6 +187,12 @@ impl EmbeddedLog {
         Ok(claim)
     }
 
+    /// Synced RocksDB writes since open. Below the number of appends when
+    /// concurrent appends were committed together.
+    pub fn synced_writes(&self) -> u64 {
+        self.shared.synced_writes.load(Ordering::Relaxed)
+    }
+
     /// The claim this log instance holds, if it has claimed.
     pub fn held_claim(&self) -> Option<Claim> {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -216,7 +223,9 @@ impl EmbeddedLog {
         let Ok(mut core) = self.shared.core.try_lock() else {
             return Some(request);
         };
-        tokio::task::block_in_place(|| core.write_group(vec![request]));
+        if tokio::task::block_in_place(|| core.write_group(vec![request])) {
+            self.shared.synced_writes.fetch_add(1, Ordering::Relaxed);
+        }
         None
     }
 }
@@ -307,6 +316,8 @@ struct Shared {
     core: Mutex<Core>,
     /// Requests sent to the writer thread and not yet written.
     queued: AtomicUsize,
+    /// Synced writes made since open (each one group of appends and claims).
+    synced_writes: AtomicU64,
 }
 
 /// The writer thread: drains everything queued into one group per synced write.
@@ -324,29 +335,36 @@ fn run_writer(shared: &Shared, mut queue: mpsc::Receiver<Request>) {
             }
         }
         let requests = group.len();
-        shared
+        let wrote = shared
             .core
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .write_group(group);
+        if wrote {
+            shared.synced_writes.fetch_add(1, Ordering::Relaxed);
+        }
         shared.queued.fetch_sub(requests, Ordering::SeqCst);
     }
 }
 
 impl Core {
-    fn write_group(&mut self, group: Vec<Request>) {
+    /// Writes one group in one synced write and answers it; false if nothing
+    /// was written.
+    fn write_group(&mut self, group: Vec<Request>) -> bool {
         if let Some(reason) = &self.failed {
             let reason = reason.clone();
-            return reply_all(group, || {
+            reply_all(group, || {
                 LogError::Unavailable(format!(
                     "an earlier write failed ({reason}); reopen the log"
                 ))
             });
+            return false;
         }
         let (Some(entries_cf), Some(meta_cf)) =
             (self.db.cf_handle(ENTRIES_CF), self.db.cf_handle(META_CF))
         else {
-            return reply_all(group, || storage("write", "column family missing"));
+            reply_all(group, || storage("write", "column family missing"));
+            return false;
         };
         let mut batch = WriteBatch::default();
         let mut offset = self.next_offset;
@@ -390,9 +408,10 @@ impl Core {
             let reason = e.to_string();
             tracing::error!(error = %reason, "embedded log write failed; refusing further writes");
             self.failed = Some(reason.clone());
-            return reply_all(group, || {
+            reply_all(group, || {
                 LogError::Storage(format!("synced write failed: {reason}"))
             });
+            return false;
         }
         assert!(offset >= self.next_offset, "offsets only grow");
         self.next_offset = offset;
@@ -418,6 +437,7 @@ impl Core {
                 }
             }
         }
+        true
     }
 }
 

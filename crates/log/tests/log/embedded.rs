@@ -83,6 +83,88 @@ async fn claims_survive_reopen_and_only_partition_0_exists() {
     );
 }
 
+/// Concurrent appenders share synced writes: many appends, fewer fsyncs, and
+/// every append still gets its own dense, contiguous positions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_are_group_committed() {
+    let h = EmbeddedHarness::new();
+    let log = Arc::new(h.open("a").await);
+    let claim = log.claim(0).await.unwrap();
+    let before = log.synced_writes();
+    const TASKS: u64 = 16;
+    const APPENDS: u64 = 40;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let (log, claim) = (log.clone(), claim.clone());
+            tokio::spawn(async move {
+                let mut positions = Vec::new();
+                for i in 0..APPENDS {
+                    let batch = vec![
+                        fixtures::record(
+                            &format!("g-{t}"),
+                            &claim.writer_id,
+                            claim.epoch,
+                            1 + 2 * i,
+                            1,
+                        ),
+                        fixtures::record(
+                            &format!("g-{t}"),
+                            &claim.writer_id,
+                            claim.epoch,
+                            2 + 2 * i,
+                            1,
+                        ),
+                    ];
+                    let p = log.append(batch).await.unwrap();
+                    assert_eq!(p[1].offset, p[0].offset + 1, "one append stays contiguous");
+                    positions.extend(p);
+                }
+                positions
+            })
+        })
+        .collect();
+    let mut offsets = Vec::new();
+    for t in tasks {
+        offsets.extend(t.await.unwrap().into_iter().map(|p| p.offset));
+    }
+    offsets.sort_unstable();
+    let first = offsets[0];
+    assert_eq!(
+        offsets,
+        (first..first + TASKS * APPENDS * 2).collect::<Vec<_>>(),
+        "dense, no duplicates"
+    );
+    let writes = log.synced_writes() - before;
+    eprintln!("{} appends in {writes} synced writes", TASKS * APPENDS);
+    assert!(
+        writes < TASKS * APPENDS,
+        "no appends were grouped: {writes} writes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_an_unencodable_record_writes_nothing() {
+    let h = EmbeddedHarness::new();
+    let log = h.open("a").await;
+    let claim = log.claim(0).await.unwrap();
+    let end = log.end_offset(0).await.unwrap();
+    let good = fixtures::record("t", &claim.writer_id, claim.epoch, 1, 1);
+    let too_big = fixtures::record(
+        "t",
+        &claim.writer_id,
+        claim.epoch,
+        2,
+        codec::MAX_EVENTS_PER_RECORD + 1,
+    );
+    let err = log.append(vec![good, too_big]).await.unwrap_err();
+    assert!(matches!(err, LogError::Invalid(_)), "{err}");
+    assert_eq!(
+        log.end_offset(0).await.unwrap(),
+        end,
+        "the whole batch is refused"
+    );
+}
+
 // --- Crash test -------------------------------------------------------------------
 
 const CHILD_ENV: &str = "RESERVOIR_CRASH_CHILD_LOG";
