@@ -1,10 +1,98 @@
 //! Restart on the same log: state, receipts and positions come back from the
 //! log alone, and idempotent retries still answer the original receipts.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use reqwest::StatusCode;
+use reservoir_core::PartitionKey;
+use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
+use reservoir_server::memlog::MemoryLog;
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 use crate::support::*;
+
+/// A memory log whose reads wait for a permit: recovery is held back at will.
+struct GatedLog {
+    inner: MemoryLog,
+    gate: Semaphore,
+}
+
+impl EventLog for GatedLog {
+    fn log_partition_for(&self, key: &PartitionKey) -> u32 {
+        self.inner.log_partition_for(key)
+    }
+    fn log_partitions(&self) -> u32 {
+        self.inner.log_partitions()
+    }
+    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        self.inner.append(batch).await
+    }
+    async fn read(
+        &self,
+        p: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        let _permit = self.gate.acquire().await.expect("gate open");
+        self.inner.read(p, from, max).await
+    }
+    async fn end_offset(&self, p: u32) -> Result<u64, LogError> {
+        self.inner.end_offset(p).await
+    }
+    async fn wait_for(&self, p: u32, offset: u64, timeout: Duration) -> Result<bool, LogError> {
+        self.inner.wait_for(p, offset, timeout).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_until_recovery_is_done() {
+    let inner = MemoryLog::new();
+    let key = PartitionKey::new("t", "r", "e", 1).unwrap();
+    let policy = policy("t", "r", 1, 1_000, 0);
+    let opened = reservoir_core::decide(
+        &Default::default(),
+        &reservoir_core::Command::OpenPartition {
+            key: key.clone(),
+            policy,
+        },
+        1,
+    )
+    .unwrap();
+    inner
+        .append(vec![Record {
+            key,
+            writer_id: "w".into(),
+            claim_epoch: 0,
+            events: opened,
+        }])
+        .await
+        .unwrap();
+    let log = Arc::new(GatedLog {
+        inner,
+        gate: Semaphore::new(0),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestServer::start_unready(log.clone(), test_config(dir.path())).await;
+    assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
+    for _ in 0..3 {
+        let (status, body) = s.get("/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(problem_type(&body), "not_ready");
+        let (status, body) = s.reserve("a", "t", "r", 1).await;
+        assert_eq!(
+            (status, problem_type(&body)),
+            (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    log.gate.add_permits(1_000);
+    s.wait_ready().await;
+    let (status, body) = s.reserve("a", "t", "r", 1).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    s.stop().await;
+}
 
 /// Some traffic of every kind; returns each reservation's last receipt.
 async fn traffic(s: &TestServer) -> Vec<(String, &'static str, u64, serde_json::Value)> {

@@ -35,7 +35,23 @@ impl TestServer {
         TestServer::start_as(log, config, "test-writer".into(), vec![0]).await
     }
 
+    /// Starts without waiting for `/readyz`.
+    pub async fn start_unready<L: EventLog>(log: Arc<L>, config: Config) -> TestServer {
+        TestServer::launch(log, config, "test-writer".into(), vec![0]).await
+    }
+
     pub async fn start_as<L: EventLog>(
+        log: Arc<L>,
+        config: Config,
+        writer_id: String,
+        epochs: Vec<u64>,
+    ) -> TestServer {
+        let t = TestServer::launch(log, config, writer_id, epochs).await;
+        t.wait_ready().await;
+        t
+    }
+
+    async fn launch<L: EventLog>(
         log: Arc<L>,
         config: Config,
         writer_id: String,
@@ -47,7 +63,7 @@ impl TestServer {
         })
         .await
         .expect("server starts");
-        let t = TestServer {
+        TestServer {
             base: format!("http://{}", server.addr),
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(20))
@@ -55,9 +71,7 @@ impl TestServer {
                 .unwrap(),
             stop: Some(tx),
             done: Some(server.done),
-        };
-        t.wait_ready().await;
-        t
+        }
     }
 
     /// An in-process server on a fresh in-memory log.
