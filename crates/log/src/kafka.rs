@@ -383,23 +383,25 @@ impl KafkaLog {
             let want = usize::try_from(until - *scanned_to)
                 .unwrap_or(usize::MAX)
                 .min(fence::ValidReader::READ_ENTRIES_MAX);
-            let entries = self.read_exact(log_partition, *scanned_to, want).await?;
-            for (position, entry) in &entries {
-                validity.observe(entry);
+            for (position, claim) in self.read_claims(log_partition, *scanned_to, want).await? {
+                if let Some(claim) = claim {
+                    validity.observe(&LogEntry::Claim(claim));
+                }
                 *scanned_to = position.offset + 1;
             }
         }
         Ok(())
     }
 
-    /// Like `read`, but the entries are known to exist (acknowledged): waits up to
-    /// the request timeout for them rather than returning short.
-    async fn read_exact(
+    /// The claims among `count` entries known to exist (acknowledged) from
+    /// `from_offset`: waits up to the request timeout for them rather than
+    /// returning short. Records are not decoded: they never change validity.
+    async fn read_claims(
         &self,
         log_partition: u32,
         from_offset: u64,
         count: usize,
-    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+    ) -> Result<Vec<(Position, Option<Claim>)>, LogError> {
         let inner = self.inner.clone();
         blocking(move || {
             inner.read_blocking(
@@ -407,6 +409,7 @@ impl KafkaLog {
                 from_offset,
                 count,
                 ReadTo::Acknowledged(from_offset + count as u64),
+                decode_claim,
             )
         })
         .await?
@@ -527,14 +530,15 @@ impl KafkaLog {
                 let want = usize::try_from(last + 1 - entries_seen)
                     .unwrap_or(usize::MAX)
                     .min(fence::ValidReader::READ_ENTRIES_MAX);
-                let entries = self.read_exact(log_partition, entries_seen, want).await?;
-                for (position, entry) in &entries {
-                    let verdict = validity.observe(entry);
+                for (position, claim) in self.read_claims(log_partition, entries_seen, want).await?
+                {
+                    entries_seen = position.offset + 1;
+                    let Some(claim) = claim else { continue };
+                    let verdict = validity.observe(&LogEntry::Claim(claim));
                     if verdict == Verdict::ClaimAccepted && lost_at.is_none() {
                         warn!(log_partition, offset = position.offset, by = ?validity.current_claim(), "fenced by a newer claim");
                         *lost_at = Some(position.offset);
                     }
-                    entries_seen = position.offset + 1;
                 }
             }
             *scanned_to = entries_seen;
@@ -580,18 +584,19 @@ impl Inner {
     }
 
     /// Reads up to `max` entries from `from_offset`, as far as `to` says.
-    fn read_blocking(
+    fn read_blocking<T>(
         &self,
         log_partition: u32,
         from_offset: u64,
         max: usize,
         to: ReadTo,
-    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        decode: Decode<T>,
+    ) -> Result<Vec<(Position, T)>, LogError> {
         let mut slot = self.readers[log_partition as usize]
             .lock()
             .expect("reader lock");
         let reader = self.reader(&mut slot)?;
-        self.read_locked(reader, log_partition, from_offset, max, to)
+        self.read_locked(reader, log_partition, from_offset, max, to, decode)
     }
 
     /// The read loop. Two broker quirks shape it (both seen on tansu 0.6; on
@@ -604,14 +609,15 @@ impl Inner {
     ///   already has.
     /// - The end of the log is where a fetch says so (PartitionEOF, or the high
     ///   watermark of the last fetch response), not ListOffsets.
-    fn read_locked(
+    fn read_locked<T>(
         &self,
         reader: &mut PartitionReader,
         log_partition: u32,
         from_offset: u64,
         max: usize,
         to: ReadTo,
-    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        decode: Decode<T>,
+    ) -> Result<Vec<(Position, T)>, LogError> {
         let timeout = self.config.request_timeout;
         let deadline = Instant::now() + timeout;
         let mut limit = from_offset.saturating_add(max as u64);
@@ -700,11 +706,7 @@ impl Inner {
                 log_partition,
                 offset,
             };
-            let value = message.payload().unwrap_or_default();
-            let entry = codec::decode(value).map_err(|e| LogError::Corrupt {
-                position,
-                reason: e.to_string(),
-            })?;
+            let entry = decode(position, message.payload().unwrap_or_default())?;
             entries.push((position, entry));
             expected = offset + 1;
         }
@@ -760,13 +762,13 @@ impl Inner {
     /// An end-of-log read asked for an offset the broker does not have: nothing
     /// there yet if it is at or past the end, an error if it is before the start
     /// (deleted by retention: this log never deletes).
-    fn beyond_end(
+    fn beyond_end<T>(
         &self,
         reader: &PartitionReader,
         log_partition: u32,
         from_offset: u64,
-        entries: Vec<(Position, LogEntry)>,
-    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        entries: Vec<(Position, T)>,
+    ) -> Result<Vec<(Position, T)>, LogError> {
         let (low, _high) = reader
             .consumer
             .fetch_watermarks(
@@ -800,6 +802,7 @@ impl Inner {
             listed.saturating_sub(1),
             usize::MAX,
             ReadTo::EndOfLog,
+            decode_claim,
         )?;
         Ok(tail
             .last()
@@ -811,6 +814,36 @@ impl Inner {
 /// How long a read waits for a first sign of data before it concludes it sits
 /// inside a batch the broker will not serve from there (see `read_locked`).
 const READ_PROBE: Duration = Duration::from_millis(100);
+
+/// What a read makes of each stored value.
+type Decode<T> = fn(Position, &[u8]) -> Result<T, LogError>;
+
+fn decode_entry(position: Position, value: &[u8]) -> Result<LogEntry, LogError> {
+    codec::decode(value).map_err(|e| LogError::Corrupt {
+        position,
+        reason: e.to_string(),
+    })
+}
+
+/// Claims only: a record never changes validity state, so the writer's own
+/// checks (claiming, reading back) look at the frame header and decode claims
+/// alone. A value that is not even framed is still reported corrupt.
+fn decode_claim(position: Position, value: &[u8]) -> Result<Option<Claim>, LogError> {
+    let corrupt = |reason: String| LogError::Corrupt { position, reason };
+    let (id, _datum) = codec::split_frame(value).map_err(|e| corrupt(e.to_string()))?;
+    let schema = codec::registry()
+        .get(id)
+        .ok_or_else(|| corrupt(format!("unknown schema id {id}")))?;
+    if schema.subject.strip_prefix(codec::NAMESPACE) != Some(".Claim") {
+        return Ok(None);
+    }
+    match codec::decode(value).map_err(|e| corrupt(e.to_string()))? {
+        LogEntry::Claim(claim) => Ok(Some(claim)),
+        LogEntry::Record(_) => Err(corrupt(format!(
+            "schema id {id} is a claim but decoded as a record"
+        ))),
+    }
+}
 
 /// How far a read goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -891,8 +924,16 @@ impl EventLog for KafkaLog {
     ) -> Result<Vec<(Position, LogEntry)>, LogError> {
         self.check_partition(log_partition)?;
         let inner = self.inner.clone();
-        blocking(move || inner.read_blocking(log_partition, from_offset, max, ReadTo::EndOfLog))
-            .await?
+        blocking(move || {
+            inner.read_blocking(
+                log_partition,
+                from_offset,
+                max,
+                ReadTo::EndOfLog,
+                decode_entry,
+            )
+        })
+        .await?
     }
 
     async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
