@@ -108,6 +108,9 @@ struct RunArgs {
     /// Do not publish policies first (they exist already).
     #[arg(long)]
     no_publish: bool,
+    /// Process id of the server (on this machine), to report its CPU use.
+    #[arg(long)]
+    server_pid: Option<u32>,
     /// Append the JSON summary line to this file.
     #[arg(long)]
     json_out: Option<String>,
@@ -146,6 +149,7 @@ async fn run_cmd(a: RunArgs) -> Result<ExitCode, String> {
         policy: BucketPolicy::default(),
         publish: !a.no_publish,
         run_id: fresh_run_id(),
+        server_pid: a.server_pid,
     };
     let summary = run(cfg).await?;
     let line = summary.json_line();

@@ -23,6 +23,10 @@ pub fn parse_lines(text: &str) -> Result<Vec<Summary>, String> {
         .collect()
 }
 
+fn cpu(pct: Option<f64>) -> String {
+    pct.map_or("n/a".to_string(), |p| format!("{p:.0}"))
+}
+
 fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
 }
@@ -62,11 +66,11 @@ fn median_p99(runs: &[Summary], label: &str) -> u64 {
 /// Redis baselines. With several runs per label (rounds), ratios use medians.
 pub fn markdown(runs: &[Summary], labels: &Labels<'_>) -> String {
     let mut s = String::new();
-    s.push_str("| run | cycles/s | cycle p50 ms | cycle p99 ms | reserve p50/p99 ms | start p50/p99 ms | settle p50/p99 ms | cycles | errors |\n");
-    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    s.push_str("| run | cycles/s | cycle p50 ms | cycle p99 ms | reserve p50/p99 ms | start p50/p99 ms | settle p50/p99 ms | cycles | errors | CPU % client / server |\n");
+    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for r in runs {
         s.push_str(&format!(
-            "| {} | {:.0} | {} | {} | {} / {} | {} / {} | {} / {} | {} | {}{} |\n",
+            "| {} | {:.0} | {} | {} | {} / {} | {} / {} | {} / {} | {} | {}{} | {} / {} |\n",
             r.label,
             r.cycles_per_s,
             ms(r.cycle.p50_us),
@@ -80,6 +84,8 @@ pub fn markdown(runs: &[Summary], labels: &Labels<'_>) -> String {
             r.cycles,
             r.errors,
             if r.ok { "" } else { " **FLAGGED**" },
+            cpu(r.client_cpu_pct),
+            cpu(r.server_cpu_pct),
         ));
     }
     s.push('\n');

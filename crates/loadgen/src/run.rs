@@ -5,7 +5,7 @@
 
 use crate::http::{authority_of, HttpConn, HttpError};
 use crate::redis_ledger::{BucketPolicy, Keys, RedisLedger, Reply, Scripts};
-use crate::stats::{Recorder, RunShape, Step, Summary};
+use crate::stats::{process_cpu_secs, Recorder, RunShape, Step, Summary};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -80,6 +80,8 @@ pub struct RunConfig {
     pub publish: bool,
     /// Makes reservation ids unique across runs against the same server.
     pub run_id: String,
+    /// Process id of the server, to report its CPU use (same machine only).
+    pub server_pid: Option<u32>,
 }
 
 impl RunConfig {
@@ -422,6 +424,12 @@ pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
         claimed: AtomicU64::new(0),
         errors: AtomicU64::new(0),
     });
+    // CPU counters at the start of the measured window.
+    let server_pid = cfg.server_pid;
+    let cpu_at_start = tokio::spawn(async move {
+        tokio::time::sleep_until(measure_start.into()).await;
+        (process_cpu_secs(None), process_cpu_secs(server_pid))
+    });
     let handles: Vec<_> = clients
         .into_iter()
         .enumerate()
@@ -435,6 +443,10 @@ pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
         connections += connects;
     }
     let finished = Instant::now();
+    let (client0, server0) = cpu_at_start.await.unwrap_or((None, None));
+    let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a).max(0.0));
+    let client_cpu_s = delta(client0, process_cpu_secs(None));
+    let server_cpu_s = delta(server0, process_cpu_secs(server_pid));
     let measured = finished.saturating_duration_since(measure_start);
     Ok(Summary::new(
         RunShape {
@@ -447,6 +459,8 @@ pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
             warmup: cfg.warmup,
             measured,
             connections,
+            client_cpu_s,
+            server_cpu_s,
         },
         &total,
     ))

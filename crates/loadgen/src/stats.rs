@@ -60,6 +60,22 @@ impl Default for Recorder {
     }
 }
 
+/// CPU seconds (user + system) used so far by process `pid` (`None`: this
+/// process), from `/proc/PID/stat`; `None` where that cannot be read.
+pub fn process_cpu_secs(pid: Option<u32>) -> Option<f64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the parenthesised command name start at field 3 (state);
+    // utime and stime are fields 14 and 15, in clock ticks (100 per second on Linux).
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 fn micros(d: Duration) -> u64 {
     d.as_micros().clamp(1, u64::MAX as u128) as u64
 }
@@ -172,6 +188,12 @@ pub struct Summary {
     pub error_detail: BTreeMap<String, u64>,
     /// True when the run had no errors.
     pub ok: bool,
+    /// CPU the load generator used in the measured window, % of one core.
+    #[serde(default)]
+    pub client_cpu_pct: Option<f64>,
+    /// CPU the server process (`--server-pid`) used in the measured window, % of one core.
+    #[serde(default)]
+    pub server_cpu_pct: Option<f64>,
 }
 
 /// What [`Summary::new`] needs besides the merged recorder.
@@ -194,6 +216,10 @@ pub struct RunShape<'a> {
     pub measured: Duration,
     /// See [`Summary::connections`].
     pub connections: u64,
+    /// CPU seconds of the load generator in the measured window.
+    pub client_cpu_s: Option<f64>,
+    /// CPU seconds of the server in the measured window.
+    pub server_cpu_s: Option<f64>,
 }
 
 impl Summary {
@@ -202,6 +228,10 @@ impl Summary {
         let measured_s = shape.measured.as_secs_f64();
         let errors = rec.error_count();
         let round = |x: f64, k: f64| (x * k).round() / k;
+        let pct = |cpu: Option<f64>| {
+            cpu.filter(|_| measured_s > 0.0)
+                .map(|c| round(c / measured_s * 100.0, 10.0))
+        };
         Summary {
             label: shape.label.to_string(),
             target: shape.target.to_string(),
@@ -225,6 +255,8 @@ impl Summary {
             errors,
             error_detail: rec.errors.clone(),
             ok: errors == 0 && rec.cycles > 0,
+            client_cpu_pct: pct(shape.client_cpu_s),
+            server_cpu_pct: pct(shape.server_cpu_s),
         }
     }
 
@@ -268,6 +300,12 @@ impl Summary {
             ));
         }
         s.push_str(&format!("  connections {}\n", self.connections));
+        let show = |c: Option<f64>| c.map_or("n/a".to_string(), |c| format!("{c:.0}%"));
+        s.push_str(&format!(
+            "  cpu         client {}, server {} (of one core, measured window)\n",
+            show(self.client_cpu_pct),
+            show(self.server_cpu_pct)
+        ));
         if self.errors == 0 {
             s.push_str("  errors      0\n");
         } else {

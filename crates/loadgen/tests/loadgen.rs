@@ -139,6 +139,7 @@ async fn lua_books_balance_after_a_bounded_contended_run() {
         policy: policy.clone(),
         publish: true,
         run_id: "conservation".into(),
+        server_pid: None,
     };
     let summary = run(cfg.clone()).await.expect("run");
     assert!(summary.cycles > 0, "{summary:?}");
