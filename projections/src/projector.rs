@@ -155,12 +155,22 @@ impl<L: EventLog> Projector<L> {
     /// Reads at most `read_entries_max` entries from each log partition and
     /// commits what they change in one batch.
     pub async fn step(&mut self) -> Result<StepOutcome, ProjectionError> {
+        self.step_until(None).await
+    }
+
+    /// A step that skips log partitions already consumed up to `ends` (an
+    /// empty read can cost a broker round trip).
+    async fn step_until(&mut self, ends: Option<&[u64]>) -> Result<StepOutcome, ProjectionError> {
         if self.poisoned {
             return Err(ProjectionError::Poisoned);
         }
         // All I/O on the log first: a failed read leaves nothing half-applied.
         let mut read = Vec::with_capacity(self.cursors.len());
         for (lp, cursor) in self.cursors.iter().enumerate() {
+            if ends.is_some_and(|ends| cursor.next_offset >= ends[lp]) {
+                read.push(Vec::new());
+                continue;
+            }
             let entries = self
                 .log
                 .read(lp as u32, cursor.next_offset, self.config.read_entries_max)
@@ -238,7 +248,7 @@ impl<L: EventLog> Projector<L> {
         }
         let mut events = 0;
         while self.positions().iter().zip(&ends).any(|(at, end)| at < end) {
-            let outcome = self.step().await?;
+            let outcome = self.step_until(Some(&ends)).await?;
             events += outcome.events as u64;
             if outcome.entries == 0 {
                 break;

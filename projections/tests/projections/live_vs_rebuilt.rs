@@ -1,10 +1,11 @@
 //! A projection built live (the projector following the log while it is
 //! written, in many small steps) and rebuilds from scratch are byte-identical.
 
+use std::path::Path;
 use std::time::Duration;
 
 use reservoir_core::ReservationState;
-use reservoir_log::Position;
+use reservoir_log::{EventLog, Position};
 use reservoir_projections::{dump, store, ProjectionError, Projector};
 use tokio::sync::watch;
 
@@ -39,26 +40,49 @@ async fn live_projection_equals_rebuild_from_scratch() {
     let mut mixed = Mixed::new(&mut driver);
     mixed.run(&mut driver, 20).await;
     // A second writer takes over the log partition: a new claim mid-log.
-    let mut driver = driver.reopen(&log_path, "writer-2").await;
+    let driver = driver.reopen(&log_path, "writer-2").await;
+    live_vs_rebuilt(driver, mixed, dir.path()).await;
+}
 
-    let db = store::open(dir.path().join("live")).unwrap();
+/// The same on the Kafka log (a real Kafka-protocol broker, three log
+/// partitions), when `RESERVOIR_TEST_BROKERS` names one; skipped loudly otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_projection_equals_rebuild_on_kafka() {
+    let Some(brokers) = std::env::var("RESERVOIR_TEST_BROKERS")
+        .ok()
+        .filter(|b| !b.trim().is_empty())
+    else {
+        eprintln!("\n*** SKIPPED (no broker): RESERVOIR_TEST_BROKERS is not set (scripts/test starts tansu) ***\n");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::kafka(&brokers, 3).await;
+    let mut mixed = Mixed::new(&mut driver);
+    mixed.run(&mut driver, 20).await;
+    live_vs_rebuilt(driver, mixed, dir.path()).await;
+}
+
+async fn live_vs_rebuilt<L: EventLog>(mut driver: Driver<L>, mut mixed: Mixed, dir: &Path) {
+    let db = store::open(dir.join("live")).unwrap();
     let projector = Projector::open(driver.log.clone(), db.clone(), config(7)).unwrap();
     let projections = projector.projections();
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(projector.run(stopped));
     for _ in 0..6 {
         mixed.run(&mut driver, 15).await;
-        let position = driver.last_position.unwrap();
-        projections
-            .wait_for_position(position, Duration::from_secs(30))
-            .await
-            .unwrap();
-        assert!(projections.consumed(0).unwrap() > position.offset);
+        for position in driver.last_positions.values() {
+            projections
+                .wait_for_position(*position, Duration::from_secs(30))
+                .await
+                .unwrap();
+            assert!(projections.consumed(position.log_partition).unwrap() > position.offset);
+        }
     }
     // A position no write has reached yet: a clear timeout.
+    let last = driver.last_positions.values().next().unwrap();
     let beyond = Position {
-        log_partition: 0,
-        offset: driver.last_position.unwrap().offset + 10,
+        log_partition: last.log_partition,
+        offset: last.offset + 10,
     };
     let waited = projections
         .wait_for_position(beyond, Duration::from_millis(100))
@@ -71,9 +95,9 @@ async fn live_projection_equals_rebuild_from_scratch() {
     task.await.unwrap().unwrap();
 
     let live = dump(&db).unwrap();
-    let rebuilt = rebuild(driver.log.clone(), &dir.path().join("rebuilt"), 1_024).await;
+    let rebuilt = rebuild(driver.log.clone(), &dir.join("rebuilt"), 1_024).await;
     assert_same(&live, &rebuilt);
-    let entry_by_entry = rebuild(driver.log.clone(), &dir.path().join("one-by-one"), 1).await;
+    let entry_by_entry = rebuild(driver.log.clone(), &dir.join("one-by-one"), 1).await;
     assert_same(&live, &entry_by_entry);
 
     // The projection holds what the scenario did.

@@ -10,40 +10,68 @@ use reservoir_core::{
     Policy, Rejection, RequestDigest, ReservationId,
 };
 use reservoir_log::embedded::EmbeddedLog;
+use reservoir_log::kafka::{KafkaConfig, KafkaLog};
 use reservoir_log::{Claim, EventLog, Position, Record};
 use reservoir_projections::{dump, store, Projections, Projector, ProjectorConfig};
 
-pub struct Driver {
-    pub log: Arc<EmbeddedLog>,
-    claim: Claim,
+pub struct Driver<L: EventLog = EmbeddedLog> {
+    pub log: Arc<L>,
+    /// The writer's claim on each log partition.
+    claims: Vec<Claim>,
     pub partitions: BTreeMap<PartitionKey, Partition>,
     pending: Vec<Record>,
-    pub last_position: Option<Position>,
+    /// Last appended position per log partition.
+    pub last_positions: BTreeMap<u32, Position>,
 }
 
-impl Driver {
+impl Driver<EmbeddedLog> {
     pub async fn open(path: &Path, writer_id: &str) -> Self {
         let log = EmbeddedLog::open(path, writer_id).unwrap();
         let claim = log.claim(0).await.unwrap();
-        Self {
-            log: Arc::new(log),
-            claim,
-            partitions: BTreeMap::new(),
-            pending: Vec::new(),
-            last_position: None,
-        }
+        Driver::with_claims(Arc::new(log), vec![claim])
     }
 
     /// Closes the log and reopens it as another writer, which claims it anew.
     pub async fn reopen(self, path: &Path, writer_id: &str) -> Self {
         assert!(self.pending.is_empty());
         let partitions = self.partitions;
-        let last_position = self.last_position;
+        let last_positions = self.last_positions;
         drop(Arc::into_inner(self.log).expect("nobody else holds the log"));
         let mut driver = Self::open(path, writer_id).await;
         driver.partitions = partitions;
-        driver.last_position = last_position;
+        driver.last_positions = last_positions;
         driver
+    }
+}
+
+impl Driver<KafkaLog> {
+    /// A fresh topic with `partitions` log partitions, every one claimed.
+    pub async fn kafka(brokers: &str, partitions: u32) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let mut config = KafkaConfig::new(brokers, "writer-k");
+        config.topic = format!("reservoir.test.projections.{}.{nanos}", std::process::id());
+        config.partitions_for_new_topic = partitions;
+        let log = KafkaLog::connect(config).await.unwrap();
+        let mut claims = Vec::new();
+        for lp in 0..log.log_partitions() {
+            claims.push(log.claim(lp).await.unwrap());
+        }
+        Driver::with_claims(Arc::new(log), claims)
+    }
+}
+
+impl<L: EventLog> Driver<L> {
+    pub fn with_claims(log: Arc<L>, claims: Vec<Claim>) -> Self {
+        Self {
+            log,
+            claims,
+            partitions: BTreeMap::new(),
+            pending: Vec::new(),
+            last_positions: BTreeMap::new(),
+        }
     }
 
     /// Decides and applies `command` like the writer; a limit refusal is logged.
@@ -77,10 +105,11 @@ impl Driver {
 
     /// Appends events nobody decided (a corrupt log), without applying them.
     pub fn push(&mut self, key: &PartitionKey, events: Vec<Event>) {
+        let claim = &self.claims[self.log.log_partition_for(key) as usize];
         self.pending.push(Record {
             key: key.clone(),
-            writer_id: self.claim.writer_id.clone(),
-            claim_epoch: self.claim.epoch,
+            writer_id: claim.writer_id.clone(),
+            claim_epoch: claim.epoch,
             events,
         });
     }
@@ -90,8 +119,9 @@ impl Driver {
         if batch.is_empty() {
             return;
         }
-        let positions = self.log.append(batch).await.unwrap();
-        self.last_position = positions.last().copied();
+        for position in self.log.append(batch).await.unwrap() {
+            self.last_positions.insert(position.log_partition, position);
+        }
     }
 
     pub fn open_partition(&mut self, key: &PartitionKey, policy: Policy, now: u64) {
@@ -158,7 +188,7 @@ pub struct Mixed {
 pub const ROUND_MS: u64 = 1_000;
 
 impl Mixed {
-    pub fn new(driver: &mut Driver) -> Self {
+    pub fn new<L: EventLog>(driver: &mut Driver<L>) -> Self {
         for key in mixed_keys().into_iter().chain([corrupt_key()]) {
             let mut policy = Policy::example(&key.subject, &key.route, 1);
             policy.hold_ttl_ms = 5_000;
@@ -173,7 +203,7 @@ impl Mixed {
     }
 
     /// Runs `rounds` rounds (one simulated second each) and flushes once.
-    pub async fn run(&mut self, driver: &mut Driver, rounds: u64) {
+    pub async fn run<L: EventLog>(&mut self, driver: &mut Driver<L>, rounds: u64) {
         for _ in 0..rounds {
             self.round += 1;
             let now = self.round * ROUND_MS;
@@ -198,7 +228,7 @@ impl Mixed {
         driver.flush().await;
     }
 
-    fn reserve(&mut self, driver: &mut Driver, key: &PartitionKey, now: u64) {
+    fn reserve<L: EventLog>(&mut self, driver: &mut Driver<L>, key: &PartitionKey, now: u64) {
         self.next_id += 1;
         let n = self.next_id;
         let id = ReservationId::new(format!("r{n}")).unwrap();
@@ -267,7 +297,7 @@ pub async fn rebuild<L: EventLog>(
 
 /// Every projected partition conserves, and its balances are exactly what the
 /// writer's own state says (for partitions the projection did not quarantine).
-pub fn check_conservation(projections: &Projections, driver: &Driver) {
+pub fn check_conservation<L: EventLog>(projections: &Projections, driver: &Driver<L>) {
     let balances = projections.all_balances().unwrap();
     assert!(!balances.is_empty());
     for b in &balances {
