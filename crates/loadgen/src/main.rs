@@ -6,6 +6,7 @@
 //! - `report`: the Markdown comparison of several JSON result lines.
 //! - `wait`: waits (bounded) until a target answers (`/readyz` or `PING`).
 //! - `free-port`: prints a free TCP port on 127.0.0.1.
+//! - `fsync-probe`: times small appends + fdatasync on a directory's disk.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use reservoir_loadgen::redis_ledger::BucketPolicy;
@@ -59,6 +60,14 @@ enum Cmd {
     },
     /// Print a free TCP port on 127.0.0.1.
     FreePort,
+    /// Time `count` small appends each followed by fdatasync in DIR (the disk the
+    /// durable targets write to) and print p50/p99.
+    FsyncProbe {
+        #[arg(long)]
+        dir: String,
+        #[arg(long, default_value_t = 200)]
+        count: usize,
+    },
 }
 
 #[derive(clap::Args)]
@@ -214,6 +223,32 @@ async fn wait_cmd(kind: Kind, url: String, timeout: Duration) -> Result<ExitCode
     Err(format!("{url} not ready after {timeout:?}: {last}"))
 }
 
+fn fsync_probe(dir: &str, count: usize) -> Result<ExitCode, String> {
+    let path = std::path::Path::new(dir).join("fsync-probe.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let mut times = Vec::with_capacity(count.max(1));
+    for _ in 0..count.max(1) {
+        f.write_all(&[b'x'; 256]).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        f.sync_data().map_err(|e| e.to_string())?;
+        times.push(t.elapsed());
+    }
+    let _ = std::fs::remove_file(&path);
+    times.sort();
+    let q = |p: f64| times[((times.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
+    println!(
+        "fdatasync after a 256 B append, {} times: p50 {:.2} ms, p99 {:.2} ms",
+        times.len(),
+        q(0.50),
+        q(0.99)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Cli::parse().cmd {
@@ -240,6 +275,7 @@ async fn main() -> ExitCode {
             url,
             timeout_secs,
         } => wait_cmd(target, url, secs(timeout_secs)).await,
+        Cmd::FsyncProbe { dir, count } => fsync_probe(&dir, count),
         Cmd::FreePort => std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| {
