@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// Largest request body accepted, bytes. Default 65536.
     #[arg(long, env = "RESERVOIR_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Embedded log only: write a local snapshot of the ledger state this often
+    /// (and at shutdown), so a restart replays only the log after it. 0 = never. Default 300.
+    #[arg(long, env = "RESERVOIR_SNAPSHOT_INTERVAL_SECS")]
+    pub snapshot_interval_secs: Option<u64>,
 }
 
 /// Fully resolved settings.
@@ -95,6 +99,8 @@ pub struct Config {
     pub sweep_interval: Duration,
     pub refill_interval: Duration,
     pub max_body_bytes: usize,
+    /// `None`: no snapshots (always for logs other than the embedded one).
+    pub snapshot_interval: Option<Duration>,
 }
 
 /// Upper bounds on the tunables: a limit has a name and a unit.
@@ -115,6 +121,7 @@ impl Default for Config {
             sweep_interval: Duration::from_millis(1_000),
             refill_interval: Duration::from_millis(1_000),
             max_body_bytes: 64 * 1024,
+            snapshot_interval: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -155,6 +162,11 @@ impl ServeArgs {
                 .max_body_bytes
                 .or(file.max_body_bytes)
                 .unwrap_or(base.max_body_bytes),
+            snapshot_interval: match self.snapshot_interval_secs.or(file.snapshot_interval_secs) {
+                Some(0) => None,
+                Some(secs) => Some(Duration::from_secs(secs)),
+                None => base.snapshot_interval,
+            },
         };
         config.validate()?;
         Ok(config)

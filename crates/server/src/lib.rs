@@ -20,6 +20,7 @@ pub mod config;
 pub mod memlog;
 pub mod problem;
 pub mod recovery;
+pub mod snapshot;
 pub mod sweeper;
 pub mod telemetry;
 pub mod writer;
@@ -72,7 +73,11 @@ pub async fn start<L: EventLog>(
 
     let done = tokio::spawn(async move {
         let started = std::time::Instant::now();
-        let recovered = match recovery::recover(&*log, config.writer_shards).await {
+        let snapshot = match config.snapshot_interval {
+            Some(_) => snapshot::read(&config.data_dir),
+            None => None,
+        };
+        let recovered = match recovery::recover(&*log, config.writer_shards, snapshot).await {
             Ok(r) => r,
             Err(err) => {
                 tracing::error!(%err, "recovery failed; not ready");
@@ -84,10 +89,18 @@ pub async fn start<L: EventLog>(
             records = recovered.records,
             events = recovered.events,
             skipped = recovered.skipped_records,
+            from_snapshot = recovered.from_snapshot,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "recovered from the log"
         );
         let index = Arc::new(std::sync::RwLock::new(recovered.index));
+        let snapshots = config.snapshot_interval.map(|every| Snapshotter {
+            log: log.clone(),
+            data_dir: config.data_dir.clone(),
+            writer_id: writer_id.clone(),
+            claim_epochs: claim_epochs.clone(),
+            every,
+        });
         let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
             log,
             states: recovered.shards,
@@ -104,6 +117,9 @@ pub async fn start<L: EventLog>(
             config.refill_interval,
             stop_rx.clone(),
         ));
+        let periodic = snapshots
+            .clone()
+            .map(|s| tokio::spawn(s.run(writers.clone(), stop_rx.clone())));
         state.set_ready(writers);
 
         // Shutdown: HTTP stops taking connections and waits for in-flight
@@ -127,13 +143,133 @@ pub async fn start<L: EventLog>(
         state.set_not_ready();
         let _ = stop_tx.send(true);
         let _ = sweeper.await;
+        if let Some(periodic) = periodic {
+            let _ = periodic.await;
+        }
+        let mut states = Vec::new();
         for task in shard_tasks {
-            if let Err(err) = task.await {
-                return Err(format!("writer task failed: {err}"));
+            match task.await {
+                Ok(state) => states.push(state),
+                Err(err) => return Err(format!("writer task failed: {err}")),
+            }
+        }
+        // Every writer has stopped: the log's end is an exact cut.
+        if let (Some(s), true) = (snapshots, served.is_ok()) {
+            let parts: Vec<_> = states.iter().map(snapshot::capture).collect();
+            if let Err(err) = s.write(parts).await {
+                tracing::warn!(%err, "no snapshot at shutdown");
             }
         }
         tracing::info!("stopped");
         served
     });
     Ok(RunningServer { addr, done })
+}
+
+/// Writes local snapshots of the writers' state (see [`snapshot`]).
+struct Snapshotter<L> {
+    log: Arc<L>,
+    data_dir: std::path::PathBuf,
+    writer_id: String,
+    claim_epochs: Vec<u64>,
+    every: std::time::Duration,
+}
+
+impl<L> Clone for Snapshotter<L> {
+    fn clone(&self) -> Self {
+        Snapshotter {
+            log: self.log.clone(),
+            data_dir: self.data_dir.clone(),
+            writer_id: self.writer_id.clone(),
+            claim_epochs: self.claim_epochs.clone(),
+            every: self.every,
+        }
+    }
+}
+
+type Captured = (
+    Vec<snapshot::SnapPartition>,
+    Vec<(String, String, reservoir_core::PartitionKey)>,
+);
+
+impl<L: EventLog> Snapshotter<L> {
+    async fn run(self, writers: writer::Writers, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let mut parts = Vec::new();
+            // The cut is read before any shard is asked (see `snapshot`).
+            let cuts = match self.cuts().await {
+                Ok(c) => c,
+                Err(err) => {
+                    tracing::warn!(%err, "snapshot skipped");
+                    continue;
+                }
+            };
+            let mut complete = true;
+            for shard in 0..writers.shards() {
+                match writers.call(shard, writer::Request::Snapshot).await {
+                    Ok(writer::Answer::Snapshot(s)) => parts.push((s.partitions, s.active)),
+                    _ => complete = false,
+                }
+            }
+            if complete {
+                if let Err(err) = self.write_with(cuts, parts).await {
+                    tracing::warn!(%err, "snapshot failed");
+                }
+            }
+        }
+    }
+
+    async fn cuts(&self) -> Result<Vec<snapshot::Cut>, String> {
+        let mut cuts = Vec::new();
+        for p in 0..self.log.log_partitions() {
+            cuts.push(snapshot::Cut {
+                log_partition: p,
+                next_offset: self.log.end_offset(p).await.map_err(|e| e.to_string())?,
+                claim_writer_id: self.writer_id.clone(),
+                claim_epoch: self.claim_epochs.get(p as usize).copied().unwrap_or(0),
+            });
+        }
+        Ok(cuts)
+    }
+
+    async fn write(&self, parts: Vec<Captured>) -> Result<(), String> {
+        let cuts = self.cuts().await?;
+        self.write_with(cuts, parts).await
+    }
+
+    async fn write_with(
+        &self,
+        cuts: Vec<snapshot::Cut>,
+        parts: Vec<Captured>,
+    ) -> Result<(), String> {
+        let mut snap = snapshot::Snapshot {
+            format: snapshot::FORMAT.to_string(),
+            cuts,
+            partitions: Vec::new(),
+            active: Vec::new(),
+        };
+        for (partitions, active) in parts {
+            snap.partitions.extend(partitions);
+            snap.active.extend(active);
+        }
+        let dir = self.data_dir.clone();
+        let started = std::time::Instant::now();
+        let bytes = tokio::task::spawn_blocking(move || snapshot::write(&dir, &snap))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        tracing::info!(
+            bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "snapshot written"
+        );
+        Ok(())
+    }
 }

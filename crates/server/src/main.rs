@@ -53,7 +53,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(config: Config) -> Result<(), String> {
+async fn serve(mut config: Config) -> Result<(), String> {
+    if config.log != LogKind::Embedded {
+        // Snapshots assume this process alone writes the log.
+        config.snapshot_interval = None;
+    }
     let writer_id = format!("reservoir-{}-{}", hostname(), std::process::id());
     let server = match config.log {
         LogKind::Embedded => {

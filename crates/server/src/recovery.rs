@@ -7,14 +7,19 @@
 //! whose sequence is at or below the partition's last one is a duplicate and is
 //! skipped; any other failure is a corrupt log and stops recovery, so the server
 //! never serves from state it cannot explain.
+//!
+//! With a [`Snapshot`] (see [`crate::snapshot`]) the shards start from it and
+//! each log partition is read from the snapshot's cut, with the validity state
+//! seeded by the claim in force there. A snapshot ahead of the log is ignored.
 
 use std::collections::HashMap;
 
 use reservoir_core::{try_apply, PartitionKey, ReservationId};
 use reservoir_log::fence::{Validity, Verdict};
-use reservoir_log::{EventLog, LogEntry};
+use reservoir_log::{Claim, EventLog, LogEntry};
 
-use crate::writer::{shard_of, ShardState};
+use crate::snapshot::Snapshot;
+use crate::writer::{shard_of, DueKind, ShardState};
 
 /// Entries read from the log per call.
 pub const RECOVERY_READ_BATCH: usize = 4_096;
@@ -26,24 +31,103 @@ pub struct Recovered {
     pub records: u64,
     pub events: u64,
     pub skipped_records: u64,
+    /// Whether recovery started from a snapshot.
+    pub from_snapshot: bool,
 }
 
-/// Replays every log partition into `shards` shard states.
-pub async fn recover<L: EventLog>(log: &L, shards: usize) -> Result<Recovered, String> {
+/// Rebuilds `shards` shard states from `snapshot` (if usable) and the log.
+pub async fn recover<L: EventLog>(
+    log: &L,
+    shards: usize,
+    snapshot: Option<Snapshot>,
+) -> Result<Recovered, String> {
+    if let Some(snapshot) = snapshot {
+        let mut usable = true;
+        for cut in &snapshot.cuts {
+            if cut.log_partition >= log.log_partitions() {
+                usable = false;
+                continue;
+            }
+            let end = log
+                .end_offset(cut.log_partition)
+                .await
+                .map_err(|e| e.to_string())?;
+            if cut.next_offset > end {
+                tracing::warn!(
+                    cut.log_partition,
+                    cut.next_offset,
+                    end,
+                    "snapshot is ahead of the log; ignored"
+                );
+                usable = false;
+            }
+        }
+        if usable {
+            return replay(log, shards, Some(snapshot)).await;
+        }
+    }
+    replay(log, shards, None).await
+}
+
+async fn replay<L: EventLog>(
+    log: &L,
+    shards: usize,
+    snapshot: Option<Snapshot>,
+) -> Result<Recovered, String> {
     let mut out = Recovered {
         shards: (0..shards).map(|_| ShardState::default()).collect(),
         index: HashMap::new(),
         records: 0,
         events: 0,
         skipped_records: 0,
+        from_snapshot: snapshot.is_some(),
     };
+    let mut starts: HashMap<u32, (u64, Validity)> = HashMap::new();
+    if let Some(snapshot) = snapshot {
+        for cut in snapshot.cuts {
+            let mut validity = Validity::default();
+            validity.observe(&LogEntry::Claim(Claim {
+                writer_id: cut.claim_writer_id,
+                epoch: cut.claim_epoch,
+            }));
+            starts.insert(cut.log_partition, (cut.next_offset, validity));
+        }
+        for part in snapshot.partitions {
+            let (key, ps) = part.into_state();
+            let shard = &mut out.shards[shard_of(&key.subject, &key.route, shards)];
+            for (id, r) in &ps.partition.reservations {
+                out.index.insert(id.clone(), key.clone());
+                use reservoir_core::ReservationState as S;
+                match (r.state, r.execution_deadline_ms) {
+                    (S::Reserved | S::Expiring, _) => {
+                        shard.due.insert((
+                            r.expires_at_ms,
+                            DueKind::LeaseExpiry,
+                            key.clone(),
+                            id.clone(),
+                        ));
+                    }
+                    (S::Started, Some(due)) => {
+                        shard
+                            .due
+                            .insert((due, DueKind::ExecutionLimit, key.clone(), id.clone()));
+                    }
+                    _ => {}
+                }
+            }
+            shard.partitions.insert(key, ps);
+        }
+        for (subject, route, key) in snapshot.active {
+            let shard = &mut out.shards[shard_of(&subject, &route, shards)];
+            shard.active.insert((subject, route), key);
+        }
+    }
     for log_partition in 0..log.log_partitions() {
         let end = log
             .end_offset(log_partition)
             .await
             .map_err(|e| e.to_string())?;
-        let mut validity = Validity::default();
-        let mut offset = 0;
+        let (mut offset, mut validity) = starts.remove(&log_partition).unwrap_or_default();
         while offset < end {
             let entries = log
                 .read(log_partition, offset, RECOVERY_READ_BATCH)

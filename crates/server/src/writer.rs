@@ -138,6 +138,8 @@ pub enum Request {
         id: ReservationId,
     },
     Partitions,
+    /// A copy of the shard's state, for a snapshot (between two batches).
+    Snapshot,
     /// Sweeper: the commands due at `now_ms` (leases past, execution limits past, refills).
     CollectDue {
         now_ms: TimestampMs,
@@ -161,6 +163,7 @@ pub enum Answer {
         policy: Box<Policy>,
     },
     Partitions(Vec<PartitionView>),
+    Snapshot(Box<ShardSnapshot>),
     Due(Vec<(PartitionKey, Command)>),
     /// A command with no receipt (a sweeper's Refill).
     Done,
@@ -225,6 +228,13 @@ impl Writers {
         rx.await
             .unwrap_or_else(|_| Err(Failure::Unavailable("writer stopped".into())))
     }
+}
+
+/// One shard's part of a snapshot.
+#[derive(Debug)]
+pub struct ShardSnapshot {
+    pub partitions: Vec<crate::snapshot::SnapPartition>,
+    pub active: Vec<(String, String, PartitionKey)>,
 }
 
 /// Kinds of due work the sweeper looks for.
@@ -438,7 +448,7 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// The task body: batches until every sender is gone, then returns.
+    /// The task body: batches until every sender is gone, then returns its state.
     /// On `stop`, the queue is closed and what is already in it is still decided
     /// and appended: the batch in flight always finishes.
     pub async fn run<L: EventLog>(
@@ -446,7 +456,7 @@ impl Shard {
         log: Arc<L>,
         mut rx: mpsc::Receiver<Envelope>,
         mut stop: tokio::sync::watch::Receiver<bool>,
-    ) {
+    ) -> ShardState {
         let mut buffer = Vec::with_capacity(self.max_batch_commands);
         let mut stopping = false;
         loop {
@@ -460,7 +470,7 @@ impl Shard {
             };
             if received == 0 {
                 tracing::info!(shard = self.id, "writer stopped");
-                return;
+                return self.state;
             }
             let envelopes = std::mem::take(&mut buffer);
             self.run_batch(&*log, envelopes).await;
@@ -768,6 +778,13 @@ impl Shard {
             }
             Request::Act { key, command } => self.act(batch, key, command),
             Request::Get { key, id } => Pending::Ready(self.get(batch, &key, &id)),
+            Request::Snapshot => {
+                let (partitions, active) = crate::snapshot::capture(&self.state);
+                Pending::Ready(Ok(Answer::Snapshot(Box::new(ShardSnapshot {
+                    partitions,
+                    active,
+                }))))
+            }
             Request::Partitions => Pending::Ready(Ok(Answer::Partitions(
                 self.state
                     .partitions
@@ -994,7 +1011,9 @@ pub struct WriterSetup<L> {
 }
 
 /// Starts one task per shard and returns the handle to them.
-pub fn spawn<L: EventLog>(setup: WriterSetup<L>) -> (Writers, Vec<tokio::task::JoinHandle<()>>) {
+pub fn spawn<L: EventLog>(
+    setup: WriterSetup<L>,
+) -> (Writers, Vec<tokio::task::JoinHandle<ShardState>>) {
     let WriterSetup {
         log,
         states,

@@ -26,6 +26,9 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
+/// Restarts (in this test binary) that recovered from a snapshot plus the log after it.
+static SNAPSHOT_RECOVERIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 pub struct ServerProcess {
     pub child: Child,
     pub base: String,
@@ -40,7 +43,12 @@ async fn spawn_server(data_dir: &Path) -> ServerProcess {
 pub async fn spawn_server_with(data_dir: &Path, extra: &[&str]) -> ServerProcess {
     let mut child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
         .args(["serve", "--listen", "127.0.0.1:0", "--writer-shards", "2"])
-        .args(["--sweep-interval-ms", "100"])
+        .args([
+            "--sweep-interval-ms",
+            "100",
+            "--snapshot-interval-secs",
+            "1",
+        ])
         .args(extra)
         .arg("--data-dir")
         .arg(data_dir)
@@ -58,6 +66,9 @@ pub async fn spawn_server_with(data_dir: &Path, extra: &[&str]) -> ServerProcess
                 if let Some(tx) = tx.take() {
                     let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
                 }
+            }
+            if line.contains("recovered from the log") && line.contains("from_snapshot=true") {
+                SNAPSHOT_RECOVERIES.fetch_add(1, Ordering::SeqCst);
             }
             if std::env::var_os("RESERVOIR_TEST_VERBOSE").is_some() {
                 eprintln!("[reservoir] {line}");
@@ -238,7 +249,9 @@ async fn sigkill_mid_batch_loses_nothing_acknowledged() {
         let acked = acked.clone();
         let mut kills = 0;
         for k in 0..KILLS {
-            tokio::time::sleep(Duration::from_millis(250 + 97 * k as u64)).await;
+            // Some runs outlive the 1 s snapshot interval, so some restarts
+            // recover from a periodic snapshot plus the log after its cut.
+            tokio::time::sleep(Duration::from_millis([1_400, 300, 1_700, 450, 600][k % 5])).await;
             let in_progress = acked.lock().unwrap().len();
             let mut old = std::mem::replace(&mut *server.lock().unwrap(), placeholder());
             old.child.kill().expect("SIGKILL");
@@ -257,6 +270,10 @@ async fn sigkill_mid_batch_loses_nothing_acknowledged() {
         t.await.unwrap();
     }
     assert_eq!(kills, KILLS);
+    assert!(
+        SNAPSHOT_RECOVERIES.load(Ordering::SeqCst) >= 1,
+        "some restart used a periodic snapshot"
+    );
 
     // One more restart, then check every acknowledged step.
     let mut last = std::mem::replace(&mut *server.lock().unwrap(), placeholder());

@@ -138,6 +138,17 @@ async fn traffic(s: &TestServer) -> Vec<(String, &'static str, u64, serde_json::
     receipts
 }
 
+async fn check_receipts(
+    s: &TestServer,
+    receipts: &[(String, &'static str, u64, serde_json::Value)],
+) {
+    for (id, _, _, r) in receipts {
+        let (status, got) = s.get(&format!("/v1/reservations/{id}")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(&got, r, "{id}");
+    }
+}
+
 async fn check_recovered(
     s: &TestServer,
     before: &[serde_json::Value],
@@ -179,5 +190,78 @@ async fn a_restart_on_the_embedded_log_recovers_every_receipt_and_balance() {
     // A later write lands after the new claim and is acknowledged.
     let (status, _) = s.reserve("after-restart", "t", "r", 1).await;
     assert_eq!(status, StatusCode::CREATED);
+    s.stop().await;
+}
+
+/// Recovery as the server would run it, on the embedded log in `dir` (closed after).
+async fn recover_directly(dir: &std::path::Path) -> reservoir_server::recovery::Recovered {
+    let log = reservoir_log::embedded::EmbeddedLog::open(dir.join("log"), "inspector").unwrap();
+    let snapshot = reservoir_server::snapshot::read(dir);
+    reservoir_server::recovery::recover(&log, 2, snapshot)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_plus_the_log_after_it_recovers_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = test_config(dir.path());
+        c.snapshot_interval = Some(Duration::from_secs(3_600));
+        c
+    };
+    // Run 1: traffic, then a graceful stop writes a snapshot at the log's end.
+    let s = TestServer::embedded_with(config()).await;
+    let receipts = traffic(&s).await;
+    let before = s.assert_conserved().await;
+    s.stop().await;
+    let snap = reservoir_server::snapshot::path(dir.path());
+    assert!(snap.exists(), "snapshot written at shutdown");
+    let first = std::fs::read(&snap).unwrap();
+    let r = recover_directly(dir.path()).await;
+    assert!(r.from_snapshot);
+    assert_eq!(r.events, 0, "nothing after the cut to replay");
+
+    // Run 2 starts from it and appends more.
+    let s = TestServer::embedded_with(config()).await;
+    check_recovered(&s, &before, &receipts).await;
+    for i in 0..5 {
+        let id = format!("tail-{i}");
+        let (status, _) = s.reserve(&id, "t", "r", 10).await;
+        assert_eq!(status, StatusCode::CREATED);
+        if i % 2 == 0 {
+            s.post(
+                &format!("/v1/reservations/{id}/start"),
+                json!({"operation_id": "op"}),
+            )
+            .await;
+        }
+    }
+    let after = s.assert_conserved().await;
+    let (_, tail_receipt) = s.get("/v1/reservations/tail-4").await;
+    s.stop().await;
+
+    // Put the first snapshot back: run 3 must replay the tail after its cut.
+    std::fs::write(&snap, &first).unwrap();
+    let r = recover_directly(dir.path()).await;
+    assert!(r.from_snapshot);
+    assert!(
+        r.events >= 8,
+        "the tail after the cut was replayed ({} events)",
+        r.events
+    );
+    let s = TestServer::embedded_with(config()).await;
+    assert_eq!(s.assert_conserved().await, after);
+    assert_eq!(s.get("/v1/reservations/tail-4").await.1, tail_receipt);
+    check_receipts(&s, &receipts).await;
+
+    // A corrupt snapshot is ignored: the whole log is replayed.
+    s.stop().await;
+    std::fs::write(&snap, b"{not a snapshot").unwrap();
+    let r = recover_directly(dir.path()).await;
+    assert!(!r.from_snapshot);
+    let s = TestServer::embedded_with(config()).await;
+    assert_eq!(s.assert_conserved().await, after);
+    check_receipts(&s, &receipts).await;
     s.stop().await;
 }

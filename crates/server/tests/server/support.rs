@@ -26,6 +26,7 @@ pub fn test_config(data_dir: &std::path::Path) -> Config {
         writer_shards: 2,
         sweep_interval: Duration::from_millis(50),
         refill_interval: Duration::from_millis(100),
+        snapshot_interval: None,
         ..Config::default()
     }
 }
@@ -88,16 +89,16 @@ impl TestServer {
 
     /// An in-process server on the embedded log in `dir` (claimed first, as the binary does).
     pub async fn embedded_in(dir: &std::path::Path) -> TestServer {
-        let log = reservoir_log::embedded::EmbeddedLog::open(dir.join("log"), "test-writer")
-            .expect("open log");
+        TestServer::embedded_with(test_config(dir)).await
+    }
+
+    /// The same with settings of the caller's (the log is in `config.data_dir`).
+    pub async fn embedded_with(config: Config) -> TestServer {
+        let log =
+            reservoir_log::embedded::EmbeddedLog::open(config.data_dir.join("log"), "test-writer")
+                .expect("open log");
         let claim = log.claim(0).await.expect("claim");
-        TestServer::start_as(
-            Arc::new(log),
-            test_config(dir),
-            claim.writer_id,
-            vec![claim.epoch],
-        )
-        .await
+        TestServer::start_as(Arc::new(log), config, claim.writer_id, vec![claim.epoch]).await
     }
 
     /// An in-process server on a fresh embedded log in a temporary directory.
