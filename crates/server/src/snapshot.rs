@@ -9,6 +9,10 @@
 //! every record of its partitions below `E` is already in the state it hands
 //! over; records at or after `E` may or may not be. Recovery therefore replays
 //! from `E` and skips events whose sequence the partition already has.
+//! A snapshot request decided in a batch may see that batch's speculative
+//! events; its answer is sent only if the batch's append succeeded (else it is
+//! a 503 and no snapshot is written), so a snapshot never holds an event the
+//! log does not.
 //!
 //! Only for a log this process alone writes (the embedded log, under RocksDB's
 //! lock): the validity state at `E` is then this process's own claim.
