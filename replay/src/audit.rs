@@ -1,0 +1,492 @@
+//! `audit`: the statement for one disputed tenant.
+//!
+//! Every event of the tenant's partitions (optionally one route) in log order,
+//! each row with: where it is (log partition, offset, sequence), when, the event
+//! type, the reservation it touched, the change of every conservation term, the
+//! running balance of every term, the debt, and the full conservation check
+//! (`Partition::check_invariants`: the equation, debt ≥ 0, reserved = Σ held)
+//! after the event. The whole history is replayed (balances need it); `--from`
+//! and `--to` choose which rows are printed and summed. A summary closes it:
+//! reserved, spent, refunded, expired, overdraft issued and repaid, refusals,
+//! and the balances at the end, per partition and in total.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use reservoir_core::{EventBody, Ledger, PartitionKey};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::engine::{Applied, Finding};
+use crate::Point;
+
+impl crate::engine::Visit for Statement<'_> {
+    fn event(&mut self, applied: Applied<'_>) {
+        self.applied(&applied);
+    }
+}
+
+/// Names and values of every conservation term, in `Ledger` field order.
+pub fn terms(l: &Ledger) -> [(&'static str, u64); 13] {
+    [
+        ("opening_units", l.opening_units),
+        ("minted_units", l.minted_units),
+        ("reminted_units", l.reminted_units),
+        ("moved_in_units", l.moved_in_units),
+        ("overdraft_issued_units", l.overdraft_issued_units),
+        ("available_units", l.available_units),
+        ("reserved_units", l.reserved_units),
+        ("spent_units", l.spent_units),
+        ("retired_for_emergency_units", l.retired_for_emergency_units),
+        ("overdraft_repaid_units", l.overdraft_repaid_units),
+        ("moved_out_units", l.moved_out_units),
+        ("debt_moved_in_units", l.debt_moved_in_units),
+        ("debt_moved_out_units", l.debt_moved_out_units),
+    ]
+}
+
+/// Short names for the table.
+const SHORT: [&str; 13] = [
+    "opening",
+    "minted",
+    "reminted",
+    "moved_in",
+    "od_issued",
+    "available",
+    "reserved",
+    "spent",
+    "retired",
+    "od_repaid",
+    "moved_out",
+    "debt_in",
+    "debt_out",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Jsonl,
+    Csv,
+}
+
+/// Totals over the rows of the statement.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Summary {
+    pub events: u64,
+    pub reservations: u64,
+    pub reserved_units: u64,
+    pub spent_units: u64,
+    /// Returned by settlements and releases (expiries are counted apart).
+    pub refunded_units: u64,
+    pub expired_units: u64,
+    pub minted_units: u64,
+    pub overdraft_issued_units: u64,
+    pub overdraft_repaid_units: u64,
+    pub refusals: u64,
+    pub conservation_failures: u64,
+    pub findings: u64,
+    /// Every term at the end of the range, summed over the tenant's partitions.
+    pub balances: Ledger,
+    pub debt_units: u64,
+    /// Every term at the end of the range, per partition.
+    pub partitions: BTreeMap<String, Ledger>,
+}
+
+/// One row of the statement.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub log_partition: u32,
+    pub offset: u64,
+    pub partition: String,
+    pub sequence: u64,
+    pub at_ms: u64,
+    pub event: &'static str,
+    pub reservation: Option<String>,
+    /// Change of every term (signed).
+    pub delta: BTreeMap<&'static str, i128>,
+    /// Every term after the event.
+    pub balance: Ledger,
+    pub debt_units: u64,
+    /// `ok`, or what the conservation check found.
+    pub conservation: String,
+}
+
+pub struct Statement<'w> {
+    out: &'w mut dyn Write,
+    format: Format,
+    from: Option<Point>,
+    to: Option<Point>,
+    pub summary: Summary,
+    pub error: Option<std::io::Error>,
+}
+
+impl<'w> Statement<'w> {
+    pub fn new(
+        out: &'w mut dyn Write,
+        format: Format,
+        from: Option<Point>,
+        to: Option<Point>,
+    ) -> Self {
+        let mut s = Self {
+            out,
+            format,
+            from,
+            to,
+            summary: Summary::default(),
+            error: None,
+        };
+        s.header();
+        s
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        if self.error.is_none() {
+            if let Err(e) = self.out.write_all(bytes) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    fn header(&mut self) {
+        match self.format {
+            Format::Table => {
+                let line = format!(
+                    "{:<12} {:<38} {:>6} {:<24} {:<16} {:<20} {:<40} {}\n",
+                    "position",
+                    "partition",
+                    "seq",
+                    "at",
+                    "event",
+                    "reservation",
+                    "change",
+                    "balances after | check"
+                );
+                self.write(line.as_bytes());
+            }
+            Format::Csv => {
+                let mut header = vec![
+                    "kind",
+                    "log_partition",
+                    "offset",
+                    "partition",
+                    "sequence",
+                    "at_ms",
+                    "event",
+                    "reservation",
+                ];
+                header.extend(terms(&Ledger::default()).iter().map(|(n, _)| n));
+                let after: Vec<String> = terms(&Ledger::default())
+                    .iter()
+                    .map(|(n, _)| format!("after_{n}"))
+                    .collect();
+                let mut header: Vec<String> = header
+                    .into_iter()
+                    .map(|h| {
+                        if h.ends_with("_units") {
+                            format!("delta_{h}")
+                        } else {
+                            h.to_string()
+                        }
+                    })
+                    .collect();
+                header.extend(after);
+                header.push("debt_units".into());
+                header.push("conservation".into());
+                self.csv_row(&header);
+            }
+            Format::Jsonl => {}
+        }
+    }
+
+    fn csv_row<S: AsRef<[u8]>>(&mut self, fields: &[S]) {
+        if self.format != Format::Csv {
+            return;
+        }
+        // One small writer per row: csv quotes and escapes, we own the stream.
+        let mut w = csv::WriterBuilder::new()
+            .flexible(true)
+            .has_headers(false)
+            .from_writer(Vec::new());
+        match w
+            .write_record(fields)
+            .map_err(std::io::Error::other)
+            .and_then(|_| {
+                w.into_inner()
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            }) {
+            Ok(bytes) => self.write(&bytes),
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// One applied event.
+    fn applied(&mut self, a: &Applied<'_>) {
+        let (lp, offset, at) = (a.position.log_partition, a.position.offset, a.event.at_ms);
+        let in_range = self
+            .from
+            .as_ref()
+            .is_none_or(|p| p.admits_from(lp, offset, at))
+            && self.to.as_ref().is_none_or(|p| p.admits_to(lp, offset, at));
+        let after = a.state.partition.ledger;
+        let key_text = a.key.to_string();
+        if in_range {
+            self.count(&a.event.body);
+        }
+        // The balances at the end of the range, whether or not rows are printed.
+        if self.to.as_ref().is_none_or(|p| p.admits_to(lp, offset, at)) {
+            self.summary.partitions.insert(key_text.clone(), after);
+        }
+        if !in_range {
+            return;
+        }
+        let conservation = match a.state.partition.check_invariants() {
+            Ok(()) => "ok".to_string(),
+            Err(e) => {
+                self.summary.conservation_failures += 1;
+                e.to_string()
+            }
+        };
+        let row = Row {
+            log_partition: lp,
+            offset,
+            partition: key_text,
+            sequence: a.event.sequence,
+            at_ms: at,
+            event: a.event.body.type_name(),
+            reservation: a.event.body.reservation_id().map(|id| id.to_string()),
+            delta: terms(&a.before)
+                .iter()
+                .zip(terms(&after))
+                .filter(|(b, (_, n))| b.1 != *n)
+                .map(|((name, b), (_, n))| (*name, i128::from(n) - i128::from(*b)))
+                .collect(),
+            balance: after,
+            debt_units: a.state.partition.debt_units(),
+            conservation,
+        };
+        self.row(&row);
+    }
+
+    fn count(&mut self, body: &EventBody) {
+        let s = &mut self.summary;
+        s.events += 1;
+        match body {
+            EventBody::Reserved { held_units, .. } => {
+                s.reservations += 1;
+                s.reserved_units += held_units;
+            }
+            EventBody::Settled {
+                actual_units,
+                refunded_units,
+                overdraft_units,
+                ..
+            } => {
+                s.spent_units += actual_units;
+                s.refunded_units += refunded_units;
+                s.overdraft_issued_units += overdraft_units;
+            }
+            EventBody::Released { refunded_units, .. } => s.refunded_units += refunded_units,
+            EventBody::Expired { refunded_units, .. } => s.expired_units += refunded_units,
+            EventBody::Refilled {
+                minted_units,
+                repaid_units,
+                ..
+            } => {
+                s.minted_units += minted_units;
+                s.overdraft_repaid_units += repaid_units;
+            }
+            EventBody::AdmissionRefused { .. } => s.refusals += 1,
+            _ => {}
+        }
+    }
+
+    fn row(&mut self, row: &Row) {
+        match self.format {
+            Format::Jsonl => {
+                let mut line = serde_json::to_vec(&json!({"kind": "event", "row": row}))
+                    .expect("rows serialize");
+                line.push(b'\n');
+                self.write(&line);
+            }
+            Format::Csv => {
+                let mut fields = vec![
+                    "event".to_string(),
+                    row.log_partition.to_string(),
+                    row.offset.to_string(),
+                    row.partition.clone(),
+                    row.sequence.to_string(),
+                    row.at_ms.to_string(),
+                    row.event.to_string(),
+                    row.reservation.clone().unwrap_or_default(),
+                ];
+                for (name, _) in terms(&row.balance) {
+                    fields.push(row.delta.get(name).copied().unwrap_or(0).to_string());
+                }
+                for (_, value) in terms(&row.balance) {
+                    fields.push(value.to_string());
+                }
+                fields.push(row.debt_units.to_string());
+                fields.push(row.conservation.clone());
+                self.csv_row(&fields);
+            }
+            Format::Table => {
+                let change: Vec<String> = terms(&row.balance)
+                    .iter()
+                    .zip(SHORT)
+                    .filter_map(|((name, _), short)| {
+                        row.delta.get(name).map(|d| format!("{short} {d:+}"))
+                    })
+                    .collect();
+                let l = &row.balance;
+                let line = format!(
+                    "{:<12} {:<38} {:>6} {:<24} {:<16} {:<20} {:<40} avail={} resv={} spent={} minted={} od_issued={} od_repaid={} debt={} | {}\n",
+                    format!("{}:{}", row.log_partition, row.offset),
+                    row.partition,
+                    row.sequence,
+                    time_text(row.at_ms),
+                    row.event,
+                    row.reservation.as_deref().unwrap_or("-"),
+                    if change.is_empty() { "-".to_string() } else { change.join(", ") },
+                    l.available_units,
+                    l.reserved_units,
+                    l.spent_units,
+                    l.minted_units,
+                    l.overdraft_issued_units,
+                    l.overdraft_repaid_units,
+                    row.debt_units,
+                    row.conservation,
+                );
+                self.write(line.as_bytes());
+            }
+        }
+    }
+
+    /// Findings, then the summary; closes the statement.
+    pub fn finish(&mut self, findings: &[Finding]) {
+        self.summary.findings = findings.len() as u64;
+        let mut total = Ledger::default();
+        for l in self.summary.partitions.values() {
+            for (slot, (_, v)) in total_terms_mut(&mut total).into_iter().zip(terms(l)) {
+                *slot += v;
+            }
+        }
+        self.summary.balances = total;
+        self.summary.debt_units = total.debt_units().unwrap_or(0);
+        let summary = self.summary.clone();
+        match self.format {
+            Format::Jsonl => {
+                for f in findings {
+                    let mut line = serde_json::to_vec(&json!({"kind": "finding", "finding": f}))
+                        .expect("findings serialize");
+                    line.push(b'\n');
+                    self.write(&line);
+                }
+                let mut line = serde_json::to_vec(&json!({"kind": "summary", "summary": summary}))
+                    .expect("summary serializes");
+                line.push(b'\n');
+                self.write(&line);
+            }
+            Format::Csv => {
+                for f in findings {
+                    self.csv_row(&[
+                        "finding".to_string(),
+                        f.log_partition.to_string(),
+                        f.offset.to_string(),
+                        f.partition.clone().unwrap_or_default(),
+                        f.sequence.map(|s| s.to_string()).unwrap_or_default(),
+                        String::new(),
+                        f.kind.to_string(),
+                        f.detail.clone(),
+                    ]);
+                }
+                for (name, value) in summary_pairs(&summary) {
+                    self.csv_row(&["summary".to_string(), name, value]);
+                }
+            }
+            Format::Table => {
+                let mut text = String::new();
+                if !findings.is_empty() {
+                    text.push_str(&format!("\nFINDINGS ({})\n", findings.len()));
+                    for f in findings {
+                        text.push_str(&format!("  {f}\n"));
+                    }
+                }
+                text.push_str("\nSUMMARY\n");
+                for (name, value) in summary_pairs(&summary) {
+                    text.push_str(&format!("  {name:<40} {value}\n"));
+                }
+                self.write(text.as_bytes());
+            }
+        }
+    }
+}
+
+fn total_terms_mut(l: &mut Ledger) -> [&mut u64; 13] {
+    [
+        &mut l.opening_units,
+        &mut l.minted_units,
+        &mut l.reminted_units,
+        &mut l.moved_in_units,
+        &mut l.overdraft_issued_units,
+        &mut l.available_units,
+        &mut l.reserved_units,
+        &mut l.spent_units,
+        &mut l.retired_for_emergency_units,
+        &mut l.overdraft_repaid_units,
+        &mut l.moved_out_units,
+        &mut l.debt_moved_in_units,
+        &mut l.debt_moved_out_units,
+    ]
+}
+
+fn summary_pairs(s: &Summary) -> Vec<(String, String)> {
+    let mut pairs = vec![
+        ("events".to_string(), s.events.to_string()),
+        ("reservations".into(), s.reservations.to_string()),
+        ("reserved_units".into(), s.reserved_units.to_string()),
+        ("spent_units".into(), s.spent_units.to_string()),
+        ("refunded_units".into(), s.refunded_units.to_string()),
+        ("expired_units".into(), s.expired_units.to_string()),
+        ("minted_units".into(), s.minted_units.to_string()),
+        (
+            "overdraft_issued_units".into(),
+            s.overdraft_issued_units.to_string(),
+        ),
+        (
+            "overdraft_repaid_units".into(),
+            s.overdraft_repaid_units.to_string(),
+        ),
+        ("refusals".into(), s.refusals.to_string()),
+        (
+            "conservation_failures".into(),
+            s.conservation_failures.to_string(),
+        ),
+        ("findings".into(), s.findings.to_string()),
+        ("debt_units (end)".into(), s.debt_units.to_string()),
+    ];
+    for (name, value) in terms(&s.balances) {
+        pairs.push((format!("total {name} (end)"), value.to_string()));
+    }
+    for (key, l) in &s.partitions {
+        let check = if l.check().is_ok() { "ok" } else { "BROKEN" };
+        pairs.push((
+            format!("partition {key}"),
+            format!(
+                "available={} reserved={} spent={} overdraft_issued={} overdraft_repaid={} conservation={check}",
+                l.available_units, l.reserved_units, l.spent_units, l.overdraft_issued_units, l.overdraft_repaid_units
+            ),
+        ));
+    }
+    pairs
+}
+
+/// RFC 3339 with milliseconds.
+pub fn time_text(at_ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at_ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The audit filter: the tenant's partitions, optionally one route.
+pub fn filter(tenant: String, route: Option<String>) -> impl Fn(&PartitionKey) -> bool {
+    move |k| k.subject == tenant && route.as_ref().is_none_or(|r| &k.route == r)
+}

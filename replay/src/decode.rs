@@ -1,0 +1,334 @@
+//! A fast decoder for the two entry kinds the log holds, written straight
+//! against the Avro binary layout of the *current* registered schemas (the
+//! mirror image of `reservoir_log::codec`'s hand-written encoder).
+//!
+//! Replay decodes every entry of the log, and the canonical decoder
+//! ([`codec::decode`]) goes through apache-avro's generic `Value` tree, which
+//! costs several microseconds per record. This reader allocates only the
+//! strings the types need. It is an accelerator, never an authority: any value
+//! it does not recognise exactly (another schema id, an unexpected union
+//! branch, a negative or oversized number, trailing bytes, a bad identifier)
+//! goes to [`codec::decode`], whose answer — entry or error — is what counts.
+//! Tests decode every record of real logs both ways and require equality.
+
+use reservoir_core::{
+    CapacityUnit, EmergencyMode, Event, EventBody, MoveId, OperationId, PartitionKey, Policy,
+    RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId,
+};
+use reservoir_log::codec::{self, CLAIM_ID, ENVELOPE_ID, MAGIC_BYTE};
+use reservoir_log::{Claim, LogEntry, Record};
+
+/// Decodes one framed value: fast when it can, canonical otherwise. The error
+/// text is the canonical decoder's.
+pub fn decode(bytes: &[u8]) -> Result<LogEntry, String> {
+    if let Some(entry) = fast(bytes) {
+        return Ok(entry);
+    }
+    codec::decode(bytes).map_err(|e| e.to_string())
+}
+
+/// True when the fast path applies to values framed with `id`: the id must be
+/// the subject's current registered schema (the layout this file mirrors).
+fn fast_ids() -> (bool, bool) {
+    static IDS: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    *IDS.get_or_init(|| {
+        let registry = codec::registry();
+        let current = |subject: &str, id: u32| {
+            registry
+                .current(&format!("{}.{subject}", codec::NAMESPACE))
+                .is_some_and(|s| s.id == id)
+        };
+        (current("Envelope", ENVELOPE_ID), current("Claim", CLAIM_ID))
+    })
+}
+
+/// The fast path; `None` means "ask the canonical decoder".
+pub fn fast(bytes: &[u8]) -> Option<LogEntry> {
+    if bytes.len() < 5 || bytes.len() > codec::MAX_VALUE_BYTES || bytes[0] != MAGIC_BYTE {
+        return None;
+    }
+    let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    let (envelope_ok, claim_ok) = fast_ids();
+    let mut r = Reader {
+        bytes: &bytes[5..],
+        at: 0,
+    };
+    let entry = match id {
+        ENVELOPE_ID if envelope_ok => LogEntry::Record(r.envelope()?),
+        CLAIM_ID if claim_ok => LogEntry::Claim(Claim {
+            writer_id: r.string()?,
+            epoch: r.u64()?,
+        }),
+        _ => return None,
+    };
+    (r.at == r.bytes.len()).then_some(entry)
+}
+
+/// Best effort: the ledger partition named at the start of an envelope, even
+/// when the rest of the value does not decode (to locate a finding).
+pub fn peek_key(bytes: &[u8]) -> Option<PartitionKey> {
+    if bytes.len() < 5 || bytes[0] != MAGIC_BYTE {
+        return None;
+    }
+    let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    if id != ENVELOPE_ID {
+        return None;
+    }
+    Reader {
+        bytes: &bytes[5..],
+        at: 0,
+    }
+    .key()
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn long(&mut self) -> Option<i64> {
+        let mut value: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let byte = *self.bytes.get(self.at)?;
+            self.at += 1;
+            if shift == 63 && byte > 1 {
+                return None;
+            }
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+            if shift > 63 {
+                return None;
+            }
+        }
+        Some(((value >> 1) as i64) ^ -((value & 1) as i64))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        u64::try_from(self.long()?).ok()
+    }
+
+    fn raw(&mut self, n: usize) -> Option<&[u8]> {
+        let end = self.at.checked_add(n)?;
+        let slice = self.bytes.get(self.at..end)?;
+        self.at = end;
+        Some(slice)
+    }
+
+    fn str(&mut self) -> Option<&str> {
+        let n = usize::try_from(self.long()?).ok()?;
+        std::str::from_utf8(self.raw(n)?).ok()
+    }
+
+    fn string(&mut self) -> Option<String> {
+        self.str().map(str::to_string)
+    }
+
+    fn boolean(&mut self) -> Option<bool> {
+        match self.raw(1)?[0] {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
+    }
+
+    fn index(&mut self, branches: i64) -> Option<i64> {
+        let i = self.long()?;
+        (0..branches).contains(&i).then_some(i)
+    }
+
+    fn key(&mut self) -> Option<PartitionKey> {
+        let subject = self.string()?;
+        let route = self.string()?;
+        let epoch = self.string()?;
+        let generation = self.u64()?;
+        PartitionKey::new(subject, route, epoch, generation).ok()
+    }
+
+    fn reservation_id(&mut self) -> Option<ReservationId> {
+        ReservationId::new(self.string()?).ok()
+    }
+
+    fn envelope(&mut self) -> Option<Record> {
+        let key = self.key()?;
+        let writer_id = self.string()?;
+        let claim_epoch = self.u64()?;
+        let key_text = codec::partition_key_string(&key);
+        let mut events = Vec::new();
+        loop {
+            let mut count = self.long()?;
+            if count == 0 {
+                break;
+            }
+            if count < 0 {
+                count = count.checked_neg()?;
+                self.long()?; // block size in bytes
+            }
+            for _ in 0..count {
+                if events.len() >= codec::MAX_EVENTS_PER_RECORD {
+                    return None;
+                }
+                events.push(self.event(&key_text)?);
+            }
+        }
+        if events.is_empty() {
+            return None;
+        }
+        Some(Record {
+            key,
+            writer_id,
+            claim_epoch,
+            events,
+        })
+    }
+
+    fn event(&mut self, key_text: &str) -> Option<Event> {
+        let sequence = self.u64()?;
+        let at_ms = self.u64()?;
+        let event_id = self.str()?;
+        let id_ok = event_id
+            .strip_prefix(key_text)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|seq| seq.parse::<u64>() == Ok(sequence));
+        if !id_ok {
+            return None;
+        }
+        let body = self.body()?;
+        Some(Event {
+            sequence,
+            at_ms,
+            body,
+        })
+    }
+
+    fn body(&mut self) -> Option<EventBody> {
+        Some(match self.index(15)? {
+            0 => EventBody::PartitionOpened {
+                key: self.key()?,
+                policy: self.policy()?,
+                opening_units: self.u64()?,
+            },
+            1 => EventBody::Refilled {
+                minted_units: self.u64()?,
+                repaid_units: self.u64()?,
+                remainder: self.u64()?,
+            },
+            2 => EventBody::Reserved {
+                id: self.reservation_id()?,
+                digest: RequestDigest(self.raw(32)?.try_into().ok()?),
+                reserved_units: self.u64()?,
+                held_units: self.u64()?,
+                expires_at_ms: self.u64()?,
+                shadow: match self.index(2)? {
+                    0 => None,
+                    _ => Some(match self.index(4)? {
+                        0 => ShadowVerdict::WouldAdmit,
+                        1 => ShadowVerdict::WouldRefuseInsufficientCapacity,
+                        2 => ShadowVerdict::WouldRefuseDebtOutstanding,
+                        _ => ShadowVerdict::WouldRefuseRequestTooLarge,
+                    }),
+                },
+            },
+            3 => EventBody::AdmissionRefused {
+                id: self.reservation_id()?,
+                requested_units: self.u64()?,
+                reason: match self.index(3)? {
+                    0 => RefusalReason::InsufficientCapacity,
+                    1 => RefusalReason::DebtOutstanding,
+                    _ => RefusalReason::RequestTooLarge,
+                },
+                retry_after_ms: match self.index(2)? {
+                    0 => None,
+                    _ => Some(self.u64()?),
+                },
+            },
+            4 => EventBody::Started {
+                id: self.reservation_id()?,
+                operation_id: OperationId::new(self.string()?).ok()?,
+                execution_deadline_ms: self.u64()?,
+            },
+            5 => EventBody::Settled {
+                id: self.reservation_id()?,
+                actual_units: self.u64()?,
+                refunded_units: self.u64()?,
+                from_available_units: self.u64()?,
+                overdraft_units: self.u64()?,
+                overdraft_limit_breached: self.boolean()?,
+                from_usage_unknown: self.boolean()?,
+            },
+            6 => EventBody::Released {
+                id: self.reservation_id()?,
+                refunded_units: self.u64()?,
+            },
+            7 => EventBody::ExpiryBegan {
+                id: self.reservation_id()?,
+            },
+            8 => EventBody::Expired {
+                id: self.reservation_id()?,
+                refunded_units: self.u64()?,
+            },
+            9 => EventBody::UsageUnknown {
+                id: self.reservation_id()?,
+            },
+            10 => EventBody::ShardIssued {
+                shard_id: ShardId::new(self.string()?).ok()?,
+                units: self.u64()?,
+                gateway_id: self.string()?,
+                boot_epoch: self.u64()?,
+                expires_at_ms: self.u64()?,
+            },
+            11 => EventBody::ShardReminted {
+                shard_id: ShardId::new(self.string()?).ok()?,
+                source: self.key()?,
+                units: self.u64()?,
+            },
+            12 => EventBody::Closed,
+            13 => EventBody::MovedOut {
+                move_id: MoveId::new(self.string()?).ok()?,
+                to: self.key()?,
+                units: self.u64()?,
+                debt_units: self.u64()?,
+            },
+            _ => EventBody::MovedIn {
+                move_id: MoveId::new(self.string()?).ok()?,
+                from: self.key()?,
+                units: self.u64()?,
+                debt_units: self.u64()?,
+            },
+        })
+    }
+
+    fn policy(&mut self) -> Option<Policy> {
+        Some(Policy {
+            subject: self.string()?,
+            route: self.string()?,
+            region: self.string()?,
+            capacity_unit: match self.index(2)? {
+                0 => CapacityUnit::Tokens,
+                _ => CapacityUnit::Requests,
+            },
+            refill: RefillRule {
+                units: self.u64()?,
+                interval_ms: self.u64()?,
+            },
+            burst_units: self.u64()?,
+            opening_units: self.u64()?,
+            estimator_digest: self.string()?,
+            max_reservation_units: self.u64()?,
+            hold_ttl_ms: self.u64()?,
+            hard_execution_limit_ms: self.u64()?,
+            max_overdraft_units: self.u64()?,
+            priority: u32::try_from(self.u64()?).ok()?,
+            emergency_mode: match self.index(2)? {
+                0 => EmergencyMode::Disabled,
+                _ => EmergencyMode::Enabled,
+            },
+            shadow_mode: self.boolean()?,
+            generation: self.u64()?,
+        })
+    }
+}

@@ -1,0 +1,391 @@
+//! `reservoir-replay`: the replay and audit tool of the `replay/` folder.
+//! Re-derives any state of the ledger from the event log alone (embedded log
+//! directory or Kafka topic) with the core's own `try_apply`: audit statements
+//! for a disputed tenant, state as of a time or position, verification and
+//! rebuilding of projections, and export for analytics. See the crate docs
+//! (`replay/src/lib.rs`) for the pieces.
+//!
+//! Exit status: 0 clean; 1 the output is complete but findings (or, for
+//! `verify`, differences) were reported; 2 bad usage or an unreadable log or
+//! output; 3 `--strict` stopped at the first finding.
+
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use reservoir_log::EventLog;
+use reservoir_projections::{store, Projector, ProjectorConfig};
+use reservoir_replay::audit::{self, Format, Statement};
+use reservoir_replay::engine::{self, Nothing};
+use reservoir_replay::export::{ExportFormat, Exporter};
+use reservoir_replay::{
+    log_ends, progress, state, verify, Engine, Finding, Point, Source, SourceSpec, Stop,
+};
+
+const AFTER_HELP: &str = "\
+Bad input. A record that does not decode, a gap in a partition's sequence
+numbers, or an event the core refuses (broken conservation, amounts that do not
+add up, an illegal transition) is a finding, reported with its log position
+(log partition and offset) and ledger partition. With --strict the run stops at
+the first finding (exit 3). Without it, every finding is reported and the run
+continues, which means: an undecodable entry is skipped; after a gap, the
+partition accepts the event's sequence and goes on; a refused event is skipped
+(the partition keeps its state from before it, and the gap it leaves is not
+reported twice); later events of that partition are still applied, so they may
+report further findings of their own. The exit status is then 1.
+
+Points (--from, --to, --as-of): OFFSET (log partition 0, the embedded log),
+LP:OFFSET[,LP:OFFSET...] (inclusive; log partitions not named are not limited),
+an RFC 3339 time like 2026-07-19T14:00:00Z, or <n>ms since the Unix epoch
+(compared with each event's writer-assigned time).";
+
+#[derive(Parser, Debug)]
+#[command(name = "reservoir-replay", version, about = "Replay and audit the Reservoir event log", after_help = AFTER_HELP)]
+struct Cli {
+    #[command(flatten)]
+    log: LogArgs,
+    /// Stop at the first finding (exit 3) instead of reporting all and continuing.
+    #[arg(long, global = true)]
+    strict: bool,
+    /// No progress bar (it is shown only on a terminal anyway).
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Debug)]
+struct LogArgs {
+    /// The embedded log: the server's --data-dir or its `log` directory. Opened
+    /// as a read-only RocksDB secondary, so the server may keep running.
+    #[arg(long, global = true, env = "RESERVOIR_LOG_DIR")]
+    log_dir: Option<PathBuf>,
+    /// Kafka bootstrap servers (read the topic instead of an embedded log).
+    #[arg(
+        long,
+        global = true,
+        env = "RESERVOIR_BROKERS",
+        conflicts_with = "log_dir"
+    )]
+    brokers: Option<String>,
+    #[arg(long, global = true, env = "RESERVOIR_TOPIC", default_value = reservoir_log::kafka::TOPIC_DEFAULT)]
+    topic: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// A statement for one tenant: every event, the change of every
+    /// conservation term, running balances, the check after each event, and a summary.
+    Audit {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        route: Option<String>,
+        /// First row printed (inclusive); the history before it is still replayed.
+        #[arg(long)]
+        from: Option<Point>,
+        /// Last row printed (inclusive); replay stops there.
+        #[arg(long)]
+        to: Option<Point>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Balances and reservations as they stood at a point, as deterministic
+    /// JSON (the bytes the live projection stores).
+    State {
+        /// Inclusive; the end of the log when absent.
+        #[arg(long)]
+        as_of: Option<Point>,
+        /// Print the same document from a projection database instead of the log.
+        #[arg(long, value_name = "DIR")]
+        from_projections: Option<PathBuf>,
+    },
+    /// Re-derive every partition and compare with a projection database, up to
+    /// where it has consumed the log. Differences: JSON lines (partition, term,
+    /// expected, found) on stdout; exit 1.
+    Verify {
+        #[arg(long, value_name = "DIR")]
+        projections: PathBuf,
+        /// Compare balances only, not every reservation record.
+        #[arg(long)]
+        balances_only: bool,
+        /// Differences printed at most (all are counted).
+        #[arg(long, default_value_t = 1000)]
+        max_differences: usize,
+    },
+    /// Build fresh projections from the log with the projector's own code.
+    Rebuild {
+        /// A new (absent or empty) directory.
+        #[arg(long, value_name = "DIR")]
+        into: PathBuf,
+    },
+    /// The events of a range as JSON lines or an Avro object container file.
+    Export {
+        #[arg(long)]
+        from: Option<Point>,
+        #[arg(long)]
+        to: Option<Point>,
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: ExportFormat,
+        /// Output file (standard output when absent).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(clean) => {
+            if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(Stop::Strict(finding)) => {
+            eprintln!("reservoir-replay: stopped (--strict) at the first finding: {finding}");
+            ExitCode::from(3)
+        }
+        Err(Stop::Error(e)) => {
+            eprintln!("reservoir-replay: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn report_findings(findings: &[Finding]) {
+    for f in findings {
+        eprintln!("finding: {f}");
+    }
+    if !findings.is_empty() {
+        eprintln!("reservoir-replay: {} finding(s)", findings.len());
+    }
+}
+
+fn spec(log: &LogArgs) -> Result<SourceSpec, Stop> {
+    match (&log.log_dir, &log.brokers) {
+        (Some(dir), None) => Ok(SourceSpec::Embedded {
+            log_dir: dir.clone(),
+        }),
+        (None, Some(brokers)) => Ok(SourceSpec::Kafka {
+            brokers: brokers.clone(),
+            topic: log.topic.clone(),
+        }),
+        _ => Err(Stop::Error(
+            "name the log: --log-dir DIR (embedded) or --brokers HOST:PORT [--topic T]".into(),
+        )),
+    }
+}
+
+fn output(path: Option<&PathBuf>) -> Result<Box<dyn Write>, Stop> {
+    Ok(match path {
+        Some(p) => Box::new(BufWriter::new(std::fs::File::create(p)?)),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    })
+}
+
+/// Ok(true) clean, Ok(false) findings or differences reported.
+async fn run(cli: Cli) -> Result<bool, Stop> {
+    if let Command::State {
+        from_projections: Some(dir),
+        ..
+    } = &cli.command
+    {
+        let mut out = output(None)?;
+        state::write_projection_document(&mut out, dir)?;
+        out.flush()?;
+        return Ok(true);
+    }
+    let source = Source::open(&spec(&cli.log)?)
+        .await
+        .map_err(|e| Stop::Error(e.to_string()))?;
+    let ends = log_ends(&source).await?;
+    match cli.command {
+        Command::Audit {
+            tenant,
+            route,
+            from,
+            to,
+            format,
+        } => {
+            let limit = Point::as_upper(to.as_ref(), &ends);
+            let mut engine = Engine::new(source.log_partitions(), cli.strict, limit.until_ms);
+            engine.filter = Box::new(audit::filter(tenant, route));
+            let mut out = output(None)?;
+            let mut statement = Statement::new(&mut out, format, from, to);
+            let bar = progress::bar(limit.ends.iter().sum(), cli.quiet);
+            let result = engine::run(&source, &mut engine, &limit, &mut statement, &|n| {
+                bar.inc(n)
+            })
+            .await;
+            bar.finish_and_clear();
+            result?;
+            statement.finish(&engine.findings);
+            if let Some(e) = statement.error.take() {
+                return Err(e.into());
+            }
+            drop(statement);
+            out.flush()?;
+            report_findings(&engine.findings);
+            Ok(engine.findings.is_empty())
+        }
+        Command::State { as_of, .. } => {
+            let limit = Point::as_upper(as_of.as_ref(), &ends);
+            let mut engine = Engine::new(source.log_partitions(), cli.strict, limit.until_ms);
+            let bar = progress::bar(limit.ends.iter().sum(), cli.quiet);
+            let result =
+                engine::run(&source, &mut engine, &limit, &mut Nothing, &|n| bar.inc(n)).await;
+            bar.finish_and_clear();
+            result?;
+            let findings = std::mem::take(&mut engine.findings);
+            let (balances, reservations) = state::entries_of(&mut engine);
+            let mut out = output(None)?;
+            state::write_document(&mut out, &balances, &reservations)?;
+            out.flush()?;
+            report_findings(&findings);
+            Ok(findings.is_empty())
+        }
+        Command::Verify {
+            projections,
+            balances_only,
+            max_differences,
+        } => {
+            let (db, _secondary) = verify::open(&projections)?;
+            let (consumed, mut differences) = verify::projection_ends(&db, &ends)?;
+            let limit = engine::Limit {
+                ends: consumed,
+                until_ms: None,
+            };
+            let mut engine = Engine::new(source.log_partitions(), cli.strict, None);
+            let bar = progress::bar(limit.ends.iter().sum(), cli.quiet);
+            let started = std::time::Instant::now();
+            let result =
+                engine::run(&source, &mut engine, &limit, &mut Nothing, &|n| bar.inc(n)).await;
+            bar.finish_and_clear();
+            result?;
+            let replayed = started.elapsed();
+            let findings = std::mem::take(&mut engine.findings);
+            let events = engine.stats.events;
+            let (balances, reservations) = state::entries_of(&mut engine);
+            verify::compare(
+                "balance",
+                &balances,
+                &state::column(&db, store::BALANCES)?,
+                &mut differences,
+            );
+            if !balances_only {
+                verify::compare(
+                    "reservation",
+                    &reservations,
+                    &state::column(&db, store::RESERVATIONS)?,
+                    &mut differences,
+                );
+            }
+            let mut out = output(None)?;
+            for d in differences.iter().take(max_differences) {
+                serde_json::to_writer(&mut out, d).map_err(|e| Stop::Error(e.to_string()))?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+            report_findings(&findings);
+            let total = started.elapsed();
+            if !cli.quiet {
+                eprintln!(
+                    "verify: {} partitions, {} reservations, {events} events; replay {:.2} s ({:.0} events/s), total {:.2} s; {} difference(s)",
+                    balances.len(),
+                    reservations.len(),
+                    replayed.as_secs_f64(),
+                    events as f64 / replayed.as_secs_f64().max(1e-9),
+                    total.as_secs_f64(),
+                    differences.len()
+                );
+            }
+            Ok(findings.is_empty() && differences.is_empty())
+        }
+        Command::Rebuild { into } => {
+            if into.exists()
+                && std::fs::read_dir(&into)
+                    .map(|mut d| d.next().is_some())
+                    .unwrap_or(true)
+            {
+                return Err(Stop::Error(format!(
+                    "{} exists and is not empty: rebuild writes a fresh projection",
+                    into.display()
+                )));
+            }
+            let db = store::open(&into).map_err(|e| Stop::Error(e.to_string()))?;
+            let source = Arc::new(source);
+            let mut projector = Projector::open(source, db.clone(), ProjectorConfig::default())
+                .map_err(|e| Stop::Error(e.to_string()))?;
+            let bar = progress::bar(ends.iter().sum(), cli.quiet);
+            loop {
+                let at: u64 = projector.positions().iter().sum();
+                if projector
+                    .positions()
+                    .iter()
+                    .zip(&ends)
+                    .all(|(at, end)| at >= end)
+                {
+                    break;
+                }
+                let outcome = projector
+                    .step()
+                    .await
+                    .map_err(|e| Stop::Error(format!("the projector stopped: {e}")))?;
+                let now: u64 = projector.positions().iter().sum();
+                bar.inc(now - at);
+                if outcome.entries == 0 {
+                    break;
+                }
+            }
+            bar.finish_and_clear();
+            let findings = projector
+                .projections()
+                .findings()
+                .map_err(|e| Stop::Error(e.to_string()))?;
+            for f in &findings {
+                eprintln!(
+                    "finding (partition quarantined by the projector): log partition {} offset {} partition {} sequence {}: {}",
+                    f.log_partition, f.offset, f.key, f.sequence, f.error
+                );
+            }
+            if cli.strict && !findings.is_empty() {
+                return Err(Stop::Error(format!("{} finding(s)", findings.len())));
+            }
+            db.flush().map_err(|e| Stop::Error(e.to_string()))?;
+            Ok(findings.is_empty())
+        }
+        Command::Export {
+            from,
+            to,
+            format,
+            output: path,
+        } => {
+            let limit = Point::as_upper(to.as_ref(), &ends);
+            let mut engine = Engine::new(source.log_partitions(), cli.strict, limit.until_ms);
+            let mut out = output(path.as_ref())?;
+            let mut exporter = Exporter::new(&mut out, format, from, to);
+            let bar = progress::bar(limit.ends.iter().sum(), cli.quiet);
+            let result =
+                engine::run(&source, &mut engine, &limit, &mut exporter, &|n| bar.inc(n)).await;
+            bar.finish_and_clear();
+            result?;
+            let (records, events) = (exporter.records, exporter.events);
+            exporter.finish().map_err(Stop::Error)?;
+            out.flush()?;
+            report_findings(&engine.findings);
+            if !cli.quiet {
+                eprintln!("export: {records} records, {events} events");
+            }
+            Ok(engine.findings.is_empty())
+        }
+    }
+}

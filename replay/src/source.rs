@@ -1,0 +1,404 @@
+//! Where replay reads from: the embedded log's RocksDB directory, opened as a
+//! *secondary* instance (read-only, no lock: the server may keep running and
+//! writing), or a Kafka topic through [`KafkaLog`].
+//!
+//! Replay needs what [`EventLog::read`] does not give: an entry that does not
+//! decode must become a finding at its position, not an error that ends the
+//! read. So [`Source::read_raw`] returns every position with either its entry
+//! or why it is unreadable. On the embedded log it reads the raw values itself
+//! (the layout is public in `reservoir_log::embedded`: column family `entries`,
+//! big-endian offset keys, codec bytes) and decodes them on every core. On Kafka,
+//! where `KafkaLog` only offers decoded reads, a `LogError::Corrupt` at offset
+//! `o` is turned into a finding at `o` and the read resumes at `o + 1` (the
+//! entries before `o` are read again up to it).
+//!
+//! [`Source`] also implements [`EventLog`] (reads only; `append` is refused), so
+//! the projector itself can run over it (`rebuild`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use reservoir_core::PartitionKey;
+use reservoir_log::embedded::{ENTRIES_CF, FORMAT_TAG, META_CF};
+use reservoir_log::kafka::{KafkaConfig, KafkaLog};
+use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, DB};
+
+use crate::decode;
+
+/// Why an entry could not be read, and the ledger partition it names if the
+/// start of the value still says so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreadable {
+    pub reason: String,
+    pub key: Option<PartitionKey>,
+}
+
+/// One position of the log: its entry, or why there is none.
+#[derive(Clone, Debug)]
+pub struct RawEntry {
+    pub position: Position,
+    pub entry: Result<LogEntry, Unreadable>,
+}
+
+/// Entries decoded per parallel chunk on the embedded log.
+const DECODE_CHUNK_MIN: usize = 512;
+
+/// A read-only view of the embedded log directory.
+pub struct EmbeddedReader {
+    db: DB,
+    /// The secondary instance's own directory (removed on drop).
+    _secondary: tempfile::TempDir,
+    end: u64,
+}
+
+impl EmbeddedReader {
+    /// Opens `path` (the `log` directory under the server's `--data-dir`) as a
+    /// RocksDB secondary: sees everything the primary had written when opened,
+    /// never writes, never takes the lock.
+    pub fn open(path: &Path) -> Result<Self, LogError> {
+        let storage = |e: rocksdb::Error| LogError::Storage(format!("{}: {e}", path.display()));
+        if !path.join("CURRENT").exists() {
+            return Err(LogError::Invalid(format!(
+                "{} is not an embedded log directory (no RocksDB CURRENT file)",
+                path.display()
+            )));
+        }
+        let secondary = tempfile::Builder::new()
+            .prefix("reservoir-replay-secondary")
+            .tempdir()
+            .map_err(|e| LogError::Storage(e.to_string()))?;
+        let mut options = Options::default();
+        options.set_max_open_files(-1);
+        let cfs = [ENTRIES_CF, META_CF].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+        let db = DB::open_cf_descriptors_as_secondary(&options, path, secondary.path(), cfs)
+            .map_err(storage)?;
+        db.try_catch_up_with_primary().map_err(storage)?;
+        let meta = db
+            .cf_handle(META_CF)
+            .ok_or_else(|| LogError::Invalid("no meta column family".into()))?;
+        match db.get_cf(meta, b"format").map_err(storage)? {
+            Some(tag) if tag == FORMAT_TAG => {}
+            other => {
+                return Err(LogError::Invalid(format!(
+                    "{} is not a reservoir embedded log (format tag {:?})",
+                    path.display(),
+                    other.map(|t| String::from_utf8_lossy(&t).into_owned())
+                )))
+            }
+        }
+        let entries = db
+            .cf_handle(ENTRIES_CF)
+            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
+        let end = match db.iterator_cf(entries, IteratorMode::End).next() {
+            None => 0,
+            Some(Ok((key, _))) => offset_of(&key).map_or(0, |o| o + 1),
+            Some(Err(e)) => return Err(storage(e)),
+        };
+        Ok(Self {
+            db,
+            _secondary: secondary,
+            end,
+        })
+    }
+
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Raw values of `[from, until)`; a missing offset is an entry with no bytes.
+    fn raw(&self, from: u64, until: u64) -> Result<Vec<(u64, Option<Vec<u8>>)>, LogError> {
+        let entries = self
+            .db
+            .cf_handle(ENTRIES_CF)
+            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
+        let mut options = ReadOptions::default();
+        options.set_iterate_upper_bound(until.to_be_bytes().to_vec());
+        options.fill_cache(false);
+        options.set_readahead_size(4 << 20);
+        let start = from.to_be_bytes();
+        let mut out = Vec::with_capacity((until - from) as usize);
+        let mut expected = from;
+        let iter = self.db.iterator_cf_opt(
+            entries,
+            options,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        for item in iter {
+            let (key, value) = item.map_err(|e| LogError::Storage(e.to_string()))?;
+            let Some(offset) = offset_of(&key) else {
+                continue;
+            };
+            while expected < offset {
+                out.push((expected, None));
+                expected += 1;
+            }
+            out.push((offset, Some(value.into_vec())));
+            expected = offset + 1;
+        }
+        while expected < until {
+            out.push((expected, None));
+            expected += 1;
+        }
+        Ok(out)
+    }
+
+    /// Entries of `[from, from + max)`, decoded on every core.
+    pub fn read_raw(&self, from: u64, max: usize) -> Result<Vec<RawEntry>, LogError> {
+        let until = self.end.min(from.saturating_add(max as u64));
+        if from >= until {
+            return Ok(Vec::new());
+        }
+        let raw = self.raw(from, until)?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunk = raw.len().div_ceil(threads).max(DECODE_CHUNK_MIN);
+        let decode_all = |slice: &[(u64, Option<Vec<u8>>)]| -> Vec<RawEntry> {
+            slice
+                .iter()
+                .map(|(offset, bytes)| RawEntry {
+                    position: Position {
+                        log_partition: 0,
+                        offset: *offset,
+                    },
+                    entry: match bytes {
+                        None => Err(Unreadable {
+                            reason: "entry missing: a hole in the log's offsets".into(),
+                            key: None,
+                        }),
+                        Some(bytes) => decode::decode(bytes).map_err(|reason| Unreadable {
+                            reason,
+                            key: decode::peek_key(bytes),
+                        }),
+                    },
+                })
+                .collect()
+        };
+        if raw.len() <= chunk {
+            return Ok(decode_all(&raw));
+        }
+        let parts: Vec<Vec<RawEntry>> = std::thread::scope(|s| {
+            let handles: Vec<_> = raw
+                .chunks(chunk)
+                .map(|slice| s.spawn(move || decode_all(slice)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("decoder thread"))
+                .collect()
+        });
+        Ok(parts.into_iter().flatten().collect())
+    }
+}
+
+fn offset_of(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
+
+/// The log replay reads.
+pub enum Source {
+    Embedded(EmbeddedReader),
+    Kafka(KafkaLog),
+}
+
+/// How to reach the log, from the command line.
+#[derive(Clone, Debug)]
+pub enum SourceSpec {
+    Embedded { log_dir: PathBuf },
+    Kafka { brokers: String, topic: String },
+}
+
+impl Source {
+    pub async fn open(spec: &SourceSpec) -> Result<Source, LogError> {
+        match spec {
+            SourceSpec::Embedded { log_dir } => {
+                // Accept the server's --data-dir as well as its log directory.
+                let dir = if log_dir.join("log").join("CURRENT").exists() {
+                    log_dir.join("log")
+                } else {
+                    log_dir.clone()
+                };
+                Ok(Source::Embedded(EmbeddedReader::open(&dir)?))
+            }
+            SourceSpec::Kafka { brokers, topic } => {
+                // The writer id only names the client: replay never claims or appends.
+                let mut config =
+                    KafkaConfig::new(brokers, format!("replay-{}", std::process::id()));
+                config.topic = topic.clone();
+                Ok(Source::Kafka(KafkaLog::connect(config).await?))
+            }
+        }
+    }
+
+    /// Every position of `[from, from + max)` that exists, in order, each with its
+    /// entry or why it is unreadable. Fewer (possibly none) at the end of the log.
+    pub async fn read_raw(
+        &self,
+        log_partition: u32,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<RawEntry>, LogError> {
+        match self {
+            Source::Embedded(e) => {
+                check_zero(log_partition)?;
+                e.read_raw(from, max)
+            }
+            Source::Kafka(k) => kafka_read_raw(k, log_partition, from, max).await,
+        }
+    }
+
+    /// Reads one log partition from offset 0 up to `until` (exclusive), in
+    /// slices handed to `each`.
+    pub async fn scan(
+        &self,
+        log_partition: u32,
+        until: u64,
+        mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
+    ) -> Result<(), crate::Stop> {
+        const SLICE: usize = 65_536;
+        let mut at = 0;
+        while at < until {
+            let want = usize::try_from(until - at).unwrap_or(usize::MAX).min(SLICE);
+            let slice = self
+                .read_raw(log_partition, at, want)
+                .await
+                .map_err(|e| crate::Stop::Error(e.to_string()))?;
+            let Some(last) = slice.last() else { break };
+            at = last.position.offset + 1;
+            each(slice)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_zero(log_partition: u32) -> Result<(), LogError> {
+    if log_partition == 0 {
+        Ok(())
+    } else {
+        Err(LogError::Invalid(format!(
+            "the embedded log has only log partition 0, not {log_partition}"
+        )))
+    }
+}
+
+async fn kafka_read_raw(
+    log: &KafkaLog,
+    log_partition: u32,
+    from: u64,
+    max: usize,
+) -> Result<Vec<RawEntry>, LogError> {
+    let mut out = Vec::new();
+    let mut at = from;
+    let until = from.saturating_add(max as u64);
+    while at < until {
+        let want = usize::try_from(until - at).unwrap_or(usize::MAX);
+        match log.read(log_partition, at, want).await {
+            Ok(entries) => {
+                let done = entries.len() < want;
+                for (position, entry) in entries {
+                    at = position.offset + 1;
+                    out.push(RawEntry {
+                        position,
+                        entry: Ok(entry),
+                    });
+                }
+                if done {
+                    break;
+                }
+            }
+            Err(LogError::Corrupt { position, reason }) if position.offset >= at => {
+                // Entries before the bad one, then the bad one as a finding.
+                let before = usize::try_from(position.offset - at).unwrap_or(usize::MAX);
+                if before > 0 {
+                    for (p, entry) in log.read(log_partition, at, before).await? {
+                        out.push(RawEntry {
+                            position: p,
+                            entry: Ok(entry),
+                        });
+                    }
+                }
+                out.push(RawEntry {
+                    position,
+                    entry: Err(Unreadable { reason, key: None }),
+                });
+                at = position.offset + 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+impl EventLog for Source {
+    fn log_partition_for(&self, key: &PartitionKey) -> u32 {
+        match self {
+            Source::Embedded(_) => 0,
+            Source::Kafka(k) => k.log_partition_for(key),
+        }
+    }
+
+    fn log_partitions(&self) -> u32 {
+        match self {
+            Source::Embedded(_) => 1,
+            Source::Kafka(k) => k.log_partitions(),
+        }
+    }
+
+    async fn append(&self, _batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        Err(LogError::Invalid(
+            "replay reads the log; it never appends".into(),
+        ))
+    }
+
+    /// Decoded reads with `EventLog`'s contract: an unreadable entry is a
+    /// `LogError::Corrupt` at its position (what the projector expects).
+    async fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        match self {
+            Source::Embedded(e) => {
+                check_zero(log_partition)?;
+                e.read_raw(from_offset, max)?
+                    .into_iter()
+                    .map(|raw| match raw.entry {
+                        Ok(entry) => Ok((raw.position, entry)),
+                        Err(u) => Err(LogError::Corrupt {
+                            position: raw.position,
+                            reason: u.reason,
+                        }),
+                    })
+                    .collect()
+            }
+            Source::Kafka(k) => k.read(log_partition, from_offset, max).await,
+        }
+    }
+
+    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
+        match self {
+            Source::Embedded(e) => {
+                check_zero(log_partition)?;
+                Ok(e.end())
+            }
+            Source::Kafka(k) => k.end_offset(log_partition).await,
+        }
+    }
+
+    async fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<bool, LogError> {
+        match self {
+            Source::Embedded(e) => {
+                check_zero(log_partition)?;
+                // A snapshot: nothing new arrives.
+                let _ = timeout;
+                Ok(offset < e.end())
+            }
+            Source::Kafka(k) => k.wait_for(log_partition, offset, timeout).await,
+        }
+    }
+}
