@@ -200,6 +200,38 @@ pub struct RegisteredSchema {
     pub schema: Schema,
     /// sha256 of the schema's Parsing Canonical Form, `sha256:<hex>`.
     pub fingerprint: String,
+    /// For an Envelope: the `Event.body` union's branches (record name, schema),
+    /// in union order. Branches are told apart by these names, never by shape.
+    pub body_branches: Vec<(String, Schema)>,
+}
+
+/// The `Event.body` union branches of an Envelope schema (empty otherwise).
+fn body_branches(schema: &Schema) -> Vec<(String, Schema)> {
+    let field = |s: &Schema, name: &str| match s {
+        Schema::Record(r) => r
+            .fields
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.schema.clone()),
+        _ => None,
+    };
+    let Some(Schema::Array(events)) = field(schema, "events") else {
+        return Vec::new();
+    };
+    let Some(Schema::Union(body)) = field(&events.items, "body") else {
+        return Vec::new();
+    };
+    body.variants()
+        .iter()
+        .map(|v| {
+            let name = match v {
+                Schema::Record(r) => r.name.name.clone(),
+                Schema::Ref { name } => name.name.clone(),
+                _ => String::new(),
+            };
+            (name, v.clone())
+        })
+        .collect()
 }
 
 /// The parsed registry: every id, and the current (highest) id per subject.
@@ -210,6 +242,29 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// Adds a schema under `id` (the current one of its subject if `id` is the
+    /// highest). For tools and evolution tests; the embedded registry is fixed.
+    pub fn insert(&mut self, id: u32, subject: &str, schema: Schema) {
+        let fingerprint = format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(schema.canonical_form().as_bytes()))
+        );
+        let current = self.current.entry(subject.to_string()).or_insert(id);
+        *current = (*current).max(id);
+        self.schemas.insert(
+            id,
+            RegisteredSchema {
+                id,
+                subject: subject.to_string(),
+                source: String::new(),
+                path: String::new(),
+                body_branches: body_branches(&schema),
+                schema,
+                fingerprint,
+            },
+        );
+    }
+
     pub fn get(&self, id: u32) -> Option<&RegisteredSchema> {
         self.schemas.get(&id)
     }
@@ -266,6 +321,7 @@ pub fn load_registry() -> Result<Registry, CodecError> {
             subject: line.subject,
             source: line.source,
             path: line.schema,
+            body_branches: body_branches(&schema),
             schema,
             fingerprint,
         };
@@ -817,50 +873,70 @@ pub fn split_frame(bytes: &[u8]) -> Result<(u32, &[u8]), CodecError> {
     Ok((id, &bytes[FRAME_HEADER_BYTES..]))
 }
 
-/// Decodes a framed value into the generic Avro value of its subject's current
-/// schema, plus the subject. For tools and tests; [`decode`] is the typed path.
-pub fn decode_value(bytes: &[u8]) -> Result<(String, Value), CodecError> {
+/// Decodes a framed value into the generic Avro value as written (under its
+/// id's schema), plus its registered schema. For tools and tests; [`decode`] is
+/// the typed path.
+pub fn decode_value(bytes: &[u8]) -> Result<(&'static RegisteredSchema, Value), CodecError> {
+    decode_value_with(registry(), bytes)
+}
+
+/// [`decode_value`] against another registry (tests of schema evolution).
+pub fn decode_value_with<'r>(
+    registry: &'r Registry,
+    bytes: &[u8],
+) -> Result<(&'r RegisteredSchema, Value), CodecError> {
     let (id, mut datum) = split_frame(bytes)?;
-    let registry = registry();
     let writer = registry.get(id).ok_or(CodecError::UnknownSchemaId(id))?;
     let value = apache_avro::from_avro_datum(&writer.schema, &mut datum, None)
         .map_err(|e| CodecError::Avro(e.to_string()))?;
     if !datum.is_empty() {
         return Err(CodecError::TrailingBytes(datum.len()));
     }
-    let current = registry
-        .current(&writer.subject)
-        .ok_or(CodecError::UnknownSchemaId(id))?;
-    let value = if current.id == writer.id {
-        value
-    } else {
-        value
-            .resolve(&current.schema)
-            .map_err(|e| CodecError::Avro(e.to_string()))?
-    };
-    Ok((writer.subject.clone(), value))
+    Ok((writer, value))
 }
 
 /// Decodes a framed value into a log entry.
 pub fn decode(bytes: &[u8]) -> Result<LogEntry, CodecError> {
-    let (subject, value) = decode_value(bytes)?;
-    let fields = Fields::of(value, "entry")?;
-    match subject
+    decode_with(registry(), bytes)
+}
+
+/// [`decode`] against another registry. A value written under an older id is
+/// read with that id's schema and resolved to the registry's current schema of
+/// its subject: record by record, with `Event.body` branches matched by name.
+/// (apache-avro's whole-value `resolve` matches union branches by shape, and
+/// `Released` and `Expired`, say, have the same shape.)
+pub fn decode_with(registry: &Registry, bytes: &[u8]) -> Result<LogEntry, CodecError> {
+    let (writer, value) = decode_value_with(registry, bytes)?;
+    let current = registry
+        .current(&writer.subject)
+        .ok_or(CodecError::UnknownSchemaId(writer.id))?;
+    let evolved = (current.id != writer.id).then_some(current);
+    match writer
+        .subject
         .strip_prefix(NAMESPACE)
         .and_then(|s| s.strip_prefix('.'))
     {
-        Some("Envelope") => read_envelope(fields).map(LogEntry::Record),
+        Some("Envelope") => {
+            read_envelope(Fields::of(value, "Envelope")?, writer, evolved).map(LogEntry::Record)
+        }
         Some("Claim") => {
-            let mut f = fields;
+            // No unions in a claim: whole-value resolution is safe.
+            let value = match evolved {
+                Some(current) => value
+                    .resolve(&current.schema)
+                    .map_err(|e| CodecError::Avro(e.to_string()))?,
+                None => value,
+            };
+            let mut f = Fields::of(value, "Claim")?;
             Ok(LogEntry::Claim(Claim {
                 writer_id: f.string("Claim.writerId")?,
                 epoch: f.u64("Claim.epoch")?,
             }))
         }
-        _ => {
-            let id = split_frame(bytes)?.0;
-            Err(CodecError::NotAnEntry { id, subject })
-        }
+        _ => Err(CodecError::NotAnEntry {
+            id: writer.id,
+            subject: writer.subject.clone(),
+        }),
     }
 }
 
@@ -968,7 +1044,11 @@ fn as_u64(v: Value, path: &'static str) -> Result<u64, CodecError> {
     u64::try_from(n).map_err(|_| shape(path, format!("negative value {n}")))
 }
 
-fn read_envelope(mut f: Fields) -> Result<Record, CodecError> {
+fn read_envelope(
+    mut f: Fields,
+    writer: &RegisteredSchema,
+    evolved: Option<&RegisteredSchema>,
+) -> Result<Record, CodecError> {
     let key = f.key("Envelope.partitionKey")?;
     let writer_id = f.string("Envelope.writerId")?;
     let claim_epoch = f.u64("Envelope.claimEpoch")?;
@@ -1008,7 +1088,7 @@ fn read_envelope(mut f: Fields) -> Result<Record, CodecError> {
                 format!("{event_id:?} is not {key_text}/{sequence}"),
             ));
         }
-        let body = read_body(e.take("Event.body")?)?;
+        let body = read_body(e.take("Event.body")?, writer, evolved)?;
         events.push(Event {
             sequence,
             at_ms,
@@ -1023,7 +1103,11 @@ fn read_envelope(mut f: Fields) -> Result<Record, CodecError> {
     })
 }
 
-fn read_body(value: Value) -> Result<EventBody, CodecError> {
+fn read_body(
+    value: Value,
+    writer: &RegisteredSchema,
+    evolved: Option<&RegisteredSchema>,
+) -> Result<EventBody, CodecError> {
     let (index, inner) = match value {
         Value::Union(i, inner) => (i, *inner),
         other => {
@@ -1033,11 +1117,26 @@ fn read_body(value: Value) -> Result<EventBody, CodecError> {
             ))
         }
     };
-    let branch = EVENT_BODY_BRANCHES
+    let branch = writer
+        .body_branches
         .get(index as usize)
+        .map(|(name, _)| name.as_str())
         .ok_or_else(|| shape("Event.body", format!("union branch {index}")))?;
+    let inner = match evolved {
+        None => inner,
+        Some(current) => {
+            let (_, schema) = current
+                .body_branches
+                .iter()
+                .find(|(name, _)| name == branch)
+                .ok_or_else(|| shape("Event.body", format!("{branch} left the union")))?;
+            inner
+                .resolve_schemata(schema, vec![&current.schema])
+                .map_err(|e| CodecError::Avro(e.to_string()))?
+        }
+    };
     let mut f = Fields::of(inner, "Event.body")?;
-    let body = match *branch {
+    let body = match branch {
         "PartitionOpened" => EventBody::PartitionOpened {
             key: f.key("PartitionOpened.key")?,
             policy: read_policy(f.record("PartitionOpened.policy")?)?,
