@@ -37,6 +37,9 @@ use crate::telemetry;
 /// than queueing without bound.
 pub const MAX_QUEUED_REQUESTS_PER_SHARD: usize = 16_384;
 
+/// Longest a request waits for its batch to be decided and appended.
+pub const MAX_WAIT_FOR_COMMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Global reservation id → the partition that holds it (ids are unique across
 /// the server). Written only by shard tasks, speculatively during a batch.
 pub type Index = Arc<RwLock<HashMap<ReservationId, PartitionKey>>>;
@@ -225,8 +228,15 @@ impl Writers {
                 return Err(Failure::Unavailable("shutting down".into()))
             }
         }
-        rx.await
-            .unwrap_or_else(|_| Err(Failure::Unavailable("writer stopped".into())))
+        // A slow log must not hold a client forever. The command may still
+        // commit after the timeout; a retry with the same id is answered from it.
+        match tokio::time::timeout(MAX_WAIT_FOR_COMMIT, rx).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => Err(Failure::Unavailable("writer stopped".into())),
+            Err(_) => Err(Failure::Unavailable(
+                "timed out waiting for the log; retry with the same id".into(),
+            )),
+        }
     }
 }
 
