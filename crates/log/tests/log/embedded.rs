@@ -305,6 +305,17 @@ fn sigkill_mid_append_keeps_exactly_an_acknowledged_prefix() {
                 entries.extend(chunk);
             }
             assert_eq!(entries.len() as u64, end);
+            // Entries past the last acknowledgement were made durable but their
+            // answer died with the child (like any commit whose reply is lost).
+            let acknowledged_end = acknowledged
+                .iter()
+                .map(|a| a.first + a.count)
+                .max()
+                .unwrap_or(0);
+            eprintln!(
+                "round {round}: {end} entries, {} past the last acknowledged one",
+                end.saturating_sub(acknowledged_end)
+            );
             for ack in &acknowledged {
                 assert!(
                     ack.first + ack.count <= end,
