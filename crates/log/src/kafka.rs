@@ -1000,7 +1000,10 @@ fn build_consumer(config: &KafkaConfig) -> Result<BaseConsumer, LogError> {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")
-        .set("fetch.wait.max.ms", "10")
+        // The writer waits on its read-back after every append; a broker that
+        // holds an empty fetch for the full wait (tansu does) would add up to
+        // this much to every append. The price: an idle reader polls often.
+        .set("fetch.wait.max.ms", "1")
         .set("auto.offset.reset", "error")
         .create()
         .map_err(|e| log_error("create consumer", &e))
