@@ -112,8 +112,15 @@ async fn serve(mut config: Config) -> Result<(), String> {
         }
         LogKind::Memory => {
             let log = Arc::new(reservoir_server::memlog::MemoryLog::new());
-            reservoir_server::start(config.clone(), log, writer_id, vec![0], shutdown_signal())
-                .await?
+            let claim = log.claim(&writer_id);
+            reservoir_server::start(
+                config.clone(),
+                log,
+                writer_id,
+                vec![claim.epoch],
+                shutdown_signal(),
+            )
+            .await?
         }
     };
     tracing::info!(addr = %server.addr, log = ?config.log, data_dir = %config.data_dir.display(), "listening");

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use reservoir_core::PartitionKey;
-use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
+use reservoir_log::{Claim, EventLog, LogEntry, LogError, Position, Record};
 
 #[derive(Default)]
 pub struct MemoryLog {
@@ -34,6 +34,26 @@ impl MemoryLog {
     pub fn fail_next_append_fatally(&self) {
         self.fatal.store(true, Ordering::SeqCst);
         self.failures.store(1, Ordering::SeqCst);
+    }
+
+    /// Appends a claim with an epoch above every claim in the log, as the
+    /// embedded and Kafka logs do; records must then carry it.
+    pub fn claim(&self, writer_id: &str) -> Claim {
+        let mut entries = self.entries.lock().expect("memlog lock");
+        let top = entries
+            .iter()
+            .filter_map(|e| match e {
+                LogEntry::Claim(c) => Some(c.epoch),
+                LogEntry::Record(_) => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let claim = Claim {
+            writer_id: writer_id.to_string(),
+            epoch: top + 1,
+        };
+        entries.push(LogEntry::Claim(claim.clone()));
+        claim
     }
 
     pub fn len(&self) -> usize {

@@ -1,9 +1,9 @@
 //! Recovery: rebuild every shard's state by replaying the log from the start.
 //!
-//! Each log partition is read in offset order. When the log carries claims (the
-//! Kafka log), every entry goes through [`fence::Validity`] and only records of
-//! the current claim holder count; a log without any claim (the embedded log,
-//! one process) counts every record. Events are folded with `try_apply`: an event
+//! Each log partition is read in offset order, and every entry goes through the
+//! one validity rule ([`reservoir_log::fence::valid_records`]): only records of
+//! the writer holding the latest claim before them count. Every log the server
+//! writes is claimed first (embedded, Kafka, and the in-memory test log). Events are folded with `try_apply`: an event
 //! whose sequence is at or below the partition's last one is a duplicate and is
 //! skipped; any other failure is a corrupt log and stops recovery, so the server
 //! never serves from state it cannot explain.
@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use reservoir_core::{try_apply, PartitionKey, ReservationId};
-use reservoir_log::fence::{Validity, Verdict};
+use reservoir_log::fence::{valid_records, Validity};
 use reservoir_log::{Claim, EventLog, LogEntry};
 
 use crate::snapshot::Snapshot;
@@ -136,19 +136,15 @@ async fn replay<L: EventLog>(
             if entries.is_empty() {
                 break;
             }
-            for (position, entry) in entries {
-                offset = position.offset + 1;
-                let counts = match (&entry, validity.current_claim()) {
-                    (LogEntry::Record(_), None) => true,
-                    _ => validity.observe(&entry) == Verdict::Counts,
-                };
-                let LogEntry::Record(record) = entry else {
-                    continue;
-                };
-                if !counts {
-                    out.skipped_records += 1;
-                    continue;
-                }
+            offset = entries.last().map_or(offset, |(p, _)| p.offset + 1);
+            let records_read = entries
+                .iter()
+                .filter(|(_, e)| matches!(e, LogEntry::Record(_)))
+                .count();
+            // The one validity rule every reader applies (`reservoir_log::fence`).
+            let counting = valid_records(&mut validity, entries);
+            out.skipped_records += (records_read - counting.len()) as u64;
+            for (position, record) in counting {
                 out.records += 1;
                 let shard =
                     &mut out.shards[shard_of(&record.key.subject, &record.key.route, shards)];

@@ -60,21 +60,24 @@ async fn not_ready_until_recovery_is_done() {
         1,
     )
     .unwrap();
+    // An earlier writer's claim and record; they still count after our claim.
+    let earlier = inner.claim("w");
     inner
         .append(vec![Record {
             key,
-            writer_id: "w".into(),
-            claim_epoch: 0,
+            writer_id: earlier.writer_id,
+            claim_epoch: earlier.epoch,
             events: opened,
         }])
         .await
         .unwrap();
+    let ours = inner.claim("test-writer");
     let log = Arc::new(GatedLog {
         inner,
         gate: Semaphore::new(0),
     });
     let dir = tempfile::tempdir().unwrap();
-    let s = TestServer::start_unready(log.clone(), test_config(dir.path())).await;
+    let s = TestServer::start_unready(log.clone(), test_config(dir.path()), ours).await;
     assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
     for _ in 0..3 {
         let (status, body) = s.get("/readyz").await;
@@ -264,4 +267,61 @@ async fn a_snapshot_plus_the_log_after_it_recovers_everything() {
     assert_eq!(s.assert_conserved().await, after);
     check_receipts(&s, &receipts).await;
     s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_a_fenced_writer_do_not_count() {
+    use reservoir_core::{apply, decide, Command, Partition, RequestDigest, ReservationId};
+    let log = MemoryLog::new();
+    let key = PartitionKey::new("t", "r", "e", 1).unwrap();
+    let mut p = Partition::default();
+    let open = Command::OpenPartition {
+        key: key.clone(),
+        policy: policy("t", "r", 1, 1_000, 0),
+    };
+    let opened = decide(&p, &open, 1).unwrap();
+    opened.iter().for_each(|e| apply(&mut p, e));
+    let old = log.claim("old");
+    let record = |claim: &reservoir_log::Claim, events| Record {
+        key: key.clone(),
+        writer_id: claim.writer_id.clone(),
+        claim_epoch: claim.epoch,
+        events,
+    };
+    log.append(vec![record(&old, opened)]).await.unwrap();
+    let new = log.claim("new");
+    // A zombie: the old writer appends after the new claim took the log.
+    let id = ReservationId::new("zombie").unwrap();
+    let reserve = Command::Reserve {
+        id: id.clone(),
+        digest: RequestDigest([1; 32]),
+        units: 10,
+    };
+    log.append(vec![record(&old, decide(&p, &reserve, 2).unwrap())])
+        .await
+        .unwrap();
+    let r = reservoir_server::recovery::recover(&log, 2, None)
+        .await
+        .unwrap();
+    assert_eq!((r.records, r.skipped_records), (1, 1));
+    assert!(
+        !r.index.contains_key(&id),
+        "the fenced reserve does not count"
+    );
+    // The new writer's own records count.
+    let mut after = Partition::default();
+    for s in &r.shards {
+        if let Some(ps) = s.partitions.get(&key) {
+            after = ps.partition.clone();
+        }
+    }
+    assert_eq!(after.last_sequence, 1);
+    log.append(vec![record(&new, decide(&after, &reserve, 3).unwrap())])
+        .await
+        .unwrap();
+    let r = reservoir_server::recovery::recover(&log, 2, None)
+        .await
+        .unwrap();
+    assert_eq!((r.records, r.skipped_records), (2, 1));
+    assert!(r.index.contains_key(&id));
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use reservoir_core::Policy;
-use reservoir_log::EventLog;
+use reservoir_log::{Claim, EventLog};
 use reservoir_server::config::Config;
+use reservoir_server::memlog::MemoryLog;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -32,13 +33,19 @@ pub fn test_config(data_dir: &std::path::Path) -> Config {
 }
 
 impl TestServer {
-    pub async fn start<L: EventLog>(log: Arc<L>, config: Config) -> TestServer {
-        TestServer::start_as(log, config, "test-writer".into(), vec![0]).await
+    /// Claims the memory log (a new epoch on every start, as the binary does) and serves it.
+    pub async fn start(log: Arc<MemoryLog>, config: Config) -> TestServer {
+        let claim = log.claim("test-writer");
+        TestServer::start_as(log, config, claim.writer_id, vec![claim.epoch]).await
     }
 
-    /// Starts without waiting for `/readyz`.
-    pub async fn start_unready<L: EventLog>(log: Arc<L>, config: Config) -> TestServer {
-        TestServer::launch(log, config, "test-writer".into(), vec![0]).await
+    /// Starts without waiting for `/readyz`, under an existing claim.
+    pub async fn start_unready<L: EventLog>(
+        log: Arc<L>,
+        config: Config,
+        claim: Claim,
+    ) -> TestServer {
+        TestServer::launch(log, config, claim.writer_id, vec![claim.epoch]).await
     }
 
     pub async fn start_as<L: EventLog>(
