@@ -242,13 +242,18 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Adds a schema under `id` (the current one of its subject if `id` is the
-    /// highest). For tools and evolution tests; the embedded registry is fixed.
-    pub fn insert(&mut self, id: u32, subject: &str, schema: Schema) {
-        let fingerprint = format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(schema.canonical_form().as_bytes()))
-        );
+    /// Adds a schema (its JSON) under `id`, the current one of its subject if
+    /// `id` is the highest. For tools and evolution tests; the embedded registry
+    /// is fixed.
+    pub fn insert(
+        &mut self,
+        id: u32,
+        subject: &str,
+        json: &serde_json::Value,
+    ) -> Result<(), CodecError> {
+        let schema =
+            Schema::parse(json).map_err(|e| CodecError::Schema(format!("id {id}: {e}")))?;
+        let fingerprint = fingerprint(json)?;
         let current = self.current.entry(subject.to_string()).or_insert(id);
         *current = (*current).max(id);
         self.schemas.insert(
@@ -263,6 +268,7 @@ impl Registry {
                 fingerprint,
             },
         );
+        Ok(())
     }
 
     pub fn get(&self, id: u32) -> Option<&RegisteredSchema> {
@@ -289,6 +295,154 @@ struct RegistryLine {
     schema: String,
 }
 
+/// `sha256:<hex>` of a schema's Parsing Canonical Form.
+pub fn fingerprint(json: &serde_json::Value) -> Result<String, CodecError> {
+    let pcf = parsing_canonical_form(json)?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(pcf.as_bytes()))
+    ))
+}
+
+const PRIMITIVES: [&str; 8] = [
+    "null", "boolean", "int", "long", "float", "double", "bytes", "string",
+];
+
+/// The Avro specification's Parsing Canonical Form of a schema given as JSON:
+/// primitives in simple form, full names, only `name`, `type`, `fields`,
+/// `symbols`, `items`, `values`, `size`, in that order, no whitespace. Written
+/// here because apache-avro 0.21 keeps `{"type":"long"}` for a logical type,
+/// where the spec (and other clients, e.g. fastavro) write `"long"`; the
+/// fingerprint header must be what any client computes from the `.avsc`.
+pub fn parsing_canonical_form(json: &serde_json::Value) -> Result<String, CodecError> {
+    let mut out = String::new();
+    pcf(json, "", &mut out)?;
+    Ok(out)
+}
+
+fn full_name(name: &str, namespace: &str) -> String {
+    if name.contains('.') || namespace.is_empty() {
+        name.to_string()
+    } else {
+        format!("{namespace}.{name}")
+    }
+}
+
+fn quoted(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
+}
+
+fn pcf(node: &serde_json::Value, namespace: &str, out: &mut String) -> Result<(), CodecError> {
+    use serde_json::Value as J;
+    let bad = |what: &str| CodecError::Schema(format!("canonical form: {what}"));
+    match node {
+        J::String(name) if PRIMITIVES.contains(&name.as_str()) => out.push_str(&quoted(name)),
+        J::String(name) => out.push_str(&quoted(&full_name(name, namespace))),
+        J::Array(branches) => {
+            out.push('[');
+            for (i, branch) in branches.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                pcf(branch, namespace, out)?;
+            }
+            out.push(']');
+        }
+        J::Object(map) => {
+            let kind = map.get("type").ok_or_else(|| bad("object without type"))?;
+            let Some(kind) = kind.as_str() else {
+                // {"type": {...}}: the nested schema is the schema.
+                return pcf(kind, namespace, out);
+            };
+            let named = |out: &mut String| -> Result<String, CodecError> {
+                let name = map
+                    .get("name")
+                    .and_then(J::as_str)
+                    .ok_or_else(|| bad("unnamed type"))?;
+                let own = map
+                    .get("namespace")
+                    .and_then(J::as_str)
+                    .unwrap_or(namespace);
+                let full = full_name(name, own);
+                out.push_str(&format!(
+                    "{{\"name\":{},\"type\":{}",
+                    quoted(&full),
+                    quoted(kind)
+                ));
+                Ok(full
+                    .rsplit_once('.')
+                    .map_or(String::new(), |(ns, _)| ns.to_string()))
+            };
+            match kind {
+                "record" | "error" => {
+                    let inner = named(out)?;
+                    out.push_str(",\"fields\":[");
+                    let fields = map
+                        .get("fields")
+                        .and_then(J::as_array)
+                        .ok_or_else(|| bad("record without fields"))?;
+                    for (i, field) in fields.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        let name = field
+                            .get("name")
+                            .and_then(J::as_str)
+                            .ok_or_else(|| bad("unnamed field"))?;
+                        out.push_str(&format!("{{\"name\":{},\"type\":", quoted(name)));
+                        pcf(
+                            field.get("type").ok_or_else(|| bad("field without type"))?,
+                            &inner,
+                            out,
+                        )?;
+                        out.push('}');
+                    }
+                    out.push_str("]}");
+                }
+                "enum" => {
+                    named(out)?;
+                    let symbols = map
+                        .get("symbols")
+                        .ok_or_else(|| bad("enum without symbols"))?;
+                    out.push_str(&format!(",\"symbols\":{symbols}}}"));
+                }
+                "fixed" => {
+                    named(out)?;
+                    let size = map
+                        .get("size")
+                        .and_then(J::as_u64)
+                        .ok_or_else(|| bad("fixed without size"))?;
+                    out.push_str(&format!(",\"size\":{size}}}"));
+                }
+                "array" => {
+                    out.push_str("{\"type\":\"array\",\"items\":");
+                    pcf(
+                        map.get("items").ok_or_else(|| bad("array without items"))?,
+                        namespace,
+                        out,
+                    )?;
+                    out.push('}');
+                }
+                "map" => {
+                    out.push_str("{\"type\":\"map\",\"values\":");
+                    pcf(
+                        map.get("values").ok_or_else(|| bad("map without values"))?,
+                        namespace,
+                        out,
+                    )?;
+                    out.push('}');
+                }
+                // A primitive, possibly with a logical type: its simple form.
+                primitive if PRIMITIVES.contains(&primitive) => out.push_str(&quoted(primitive)),
+                // A reference written as {"type": "Name"}.
+                name => out.push_str(&quoted(&full_name(name, namespace))),
+            }
+        }
+        other => return Err(bad(&format!("unexpected {other}"))),
+    }
+    Ok(())
+}
+
 /// Parses `registry.json` and the embedded snapshots.
 pub fn load_registry() -> Result<Registry, CodecError> {
     let file: RegistryFile = serde_json::from_str(REGISTRY_JSON)
@@ -307,10 +461,9 @@ pub fn load_registry() -> Result<Registry, CodecError> {
             })?;
         let schema = Schema::parse_str(text)
             .map_err(|e| CodecError::Schema(format!("id {}: {e}", line.id)))?;
-        let fingerprint = format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(schema.canonical_form().as_bytes()))
-        );
+        let json: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| CodecError::Schema(format!("id {}: {e}", line.id)))?;
+        let fingerprint = fingerprint(&json)?;
         let current = registry
             .current
             .entry(line.subject.clone())

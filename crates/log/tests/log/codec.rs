@@ -611,16 +611,105 @@ fn values_under_an_older_id_decode_after_an_evolution() {
         }
     }
     assert!(add_field(&mut v2));
+    let v2_json = v2.clone();
     let v2 = Schema::parse(&v2).unwrap();
     let old = &codec::registry().get(codec::ENVELOPE_ID).unwrap().schema;
     can_read_both_ways(old, &v2, "Envelope v1 vs v2");
 
     let mut registry = codec::load_registry().unwrap();
-    registry.insert(99, "io.reservoir.v1.Envelope", v2);
+    registry
+        .insert(99, "io.reservoir.v1.Envelope", &v2_json)
+        .unwrap();
     assert_eq!(registry.current("io.reservoir.v1.Envelope").unwrap().id, 99);
     for entry in every_entry() {
         let bytes = codec::encode(&entry).unwrap(); // written under id 1 or 2
         assert_eq!(codec::decode_with(&registry, &bytes).unwrap(), entry);
+    }
+}
+
+/// The fingerprint header is what a spec-following client computes from the
+/// registered `.avsc`: the expected values below come from fastavro 1.13
+/// (`to_parsing_canonical_form`, sha256), and are recomputed with it when
+/// python3 has fastavro installed.
+#[test]
+fn fingerprints_follow_the_spec_canonical_form() {
+    let expected = [
+        (
+            1,
+            "f85ab29d7138fc5e7f010353c47c3d7c975f9737257f1672fbde7f9395bfe36b",
+        ),
+        (
+            2,
+            "798bfe1beade439c55000efac8f7d9094276e8b7b6cd3af0d39612c8f7eb2f68",
+        ),
+        (
+            3,
+            "ddce8ce2d51bf2691db5d2e621a65e999c41406c92dcac5f20b7c84e52e4f952",
+        ),
+        (
+            4,
+            "412963ea62b463a0557744138871d0d81ef53859e896b1cdcf1953bbf2fc6c07",
+        ),
+        (
+            5,
+            "ad222f407fb17f1f002f976ff8f15161b181a4435dadb72469c58ca169654594",
+        ),
+    ];
+    for (id, hex) in expected {
+        assert_eq!(
+            codec::registry().get(id).unwrap().fingerprint,
+            format!("sha256:{hex}"),
+            "id {id}"
+        );
+    }
+    // Logical types reduce to their primitive; names become full names.
+    let json = serde_json::json!({"type": "record", "name": "R", "namespace": "a.b", "doc": "x", "fields": [
+        {"name": "t", "type": {"type": "long", "logicalType": "timestamp-millis"}, "doc": "y"},
+        {"name": "o", "type": ["null", "R"], "default": null}
+    ]});
+    assert_eq!(
+        codec::parsing_canonical_form(&json).unwrap(),
+        r#"{"name":"a.b.R","type":"record","fields":[{"name":"t","type":"long"},{"name":"o","type":["null","a.b.R"]}]}"#
+    );
+    // Where apache-avro is right (no logical types), both agree.
+    let claim = codec::registry().get(codec::CLAIM_ID).unwrap();
+    let claim_json: J = serde_json::from_str(codec::REGISTERED_SCHEMAS[1].1).unwrap();
+    assert_eq!(
+        codec::parsing_canonical_form(&claim_json).unwrap(),
+        claim.schema.canonical_form()
+    );
+
+    let script = r#"
+import json, sys, hashlib
+from fastavro.schema import to_parsing_canonical_form
+for path in sys.argv[1:]:
+    print("sha256:" + hashlib.sha256(to_parsing_canonical_form(json.load(open(path))).encode()).hexdigest())
+"#;
+    let paths: Vec<PathBuf> = codec::registry()
+        .schemas
+        .values()
+        .map(|s| schemas_dir().join(&s.path))
+        .collect();
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(&paths)
+        .output();
+    match output {
+        Ok(o) if o.status.success() => {
+            let theirs: Vec<String> = String::from_utf8(o.stdout)
+                .unwrap()
+                .lines()
+                .map(String::from)
+                .collect();
+            let ours: Vec<String> = codec::registry()
+                .schemas
+                .values()
+                .map(|s| s.fingerprint.clone())
+                .collect();
+            assert_eq!(ours, theirs, "fastavro computes the same fingerprints");
+        }
+        _ => eprintln!("python3 with fastavro not available: live cross-check skipped"),
     }
 }
 
