@@ -24,7 +24,7 @@
 //! This differs on purpose from the live projector, which quarantines a
 //! partition at its first refused event: an auditor wants every finding.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use reservoir_core::{try_apply, Event, EventBody, Ledger, Partition, PartitionKey};
 use reservoir_log::fence::{Validity, Verdict};
@@ -81,6 +81,18 @@ pub struct PartState {
     pub first_finding: Option<Finding>,
 }
 
+impl PartState {
+    /// A partition's state as some other fold left it (benchmarks, tools).
+    pub fn folded(partition: Partition, log_partition: u32, opened_at_ms: u64) -> Self {
+        Self {
+            partition,
+            log_partition,
+            opened_at_ms,
+            ..Self::default()
+        }
+    }
+}
+
 /// One applied event, as the visitor sees it.
 pub struct Applied<'a> {
     pub position: Position,
@@ -125,7 +137,7 @@ pub struct Engine<'f> {
     /// Only partitions for which this is true are folded (audit: one tenant).
     pub filter: Box<dyn Fn(&PartitionKey) -> bool + 'f>,
     pub until_ms: Option<u64>,
-    pub partitions: HashMap<PartitionKey, PartState>,
+    pub partitions: FxHashMap<PartitionKey, PartState>,
     pub findings: Vec<Finding>,
     pub stats: Stats,
     validity: Vec<Validity>,
@@ -137,7 +149,7 @@ impl<'f> Engine<'f> {
             strict,
             filter: Box::new(|_| true),
             until_ms,
-            partitions: HashMap::new(),
+            partitions: FxHashMap::default(),
             findings: Vec::new(),
             stats: Stats::default(),
             validity: vec![Validity::default(); log_partitions as usize],

@@ -24,6 +24,12 @@ use reservoir_replay::{
     log_ends, progress, state, verify, Engine, Finding, Point, Source, SourceSpec, Stop,
 };
 
+/// Replay allocates a few small strings per record on one thread and frees
+/// them on another (parallel decode); glibc's allocator spent over half the
+/// run in malloc/free doing that, mimalloc does not.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const AFTER_HELP: &str = "\
 Bad input. A record that does not decode, a gap in a partition's sequence
 numbers, or an event the core refuses (broken conservation, amounts that do not

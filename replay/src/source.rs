@@ -22,7 +22,7 @@ use reservoir_core::PartitionKey;
 use reservoir_log::embedded::{ENTRIES_CF, FORMAT_TAG, META_CF};
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
 use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, DB};
+use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, ReadOptions, DB};
 
 use crate::decode;
 
@@ -47,6 +47,9 @@ const DECODE_CHUNK_MIN: usize = 512;
 /// A read-only view of the embedded log directory.
 pub struct EmbeddedReader {
     db: DB,
+    /// Reused between reads: fresh multi-megabyte buffers per slice cost more
+    /// in page faults than the decoding itself.
+    scratch: std::sync::Mutex<RawSlice>,
     /// The secondary instance's own directory (removed on drop).
     _secondary: tempfile::TempDir,
     end: u64,
@@ -97,6 +100,7 @@ impl EmbeddedReader {
         };
         Ok(Self {
             db,
+            scratch: std::sync::Mutex::new(RawSlice::default()),
             _secondary: secondary,
             end,
         })
@@ -106,8 +110,9 @@ impl EmbeddedReader {
         self.end
     }
 
-    /// Raw values of `[from, until)`; a missing offset is an entry with no bytes.
-    fn raw(&self, from: u64, until: u64) -> Result<Vec<(u64, Option<Vec<u8>>)>, LogError> {
+    /// Raw values of `[from, until)`, back to back in one buffer (one
+    /// allocation per slice, not per entry); a missing offset has no bytes.
+    fn raw(&self, from: u64, until: u64, slice: &mut RawSlice) -> Result<(), LogError> {
         let entries = self
             .db
             .cf_handle(ENTRIES_CF)
@@ -116,31 +121,34 @@ impl EmbeddedReader {
         options.set_iterate_upper_bound(until.to_be_bytes().to_vec());
         options.fill_cache(false);
         options.set_readahead_size(4 << 20);
-        let start = from.to_be_bytes();
-        let mut out = Vec::with_capacity((until - from) as usize);
+        slice.bytes.clear();
+        slice.items.clear();
         let mut expected = from;
-        let iter = self.db.iterator_cf_opt(
-            entries,
-            options,
-            IteratorMode::From(&start, Direction::Forward),
-        );
-        for item in iter {
-            let (key, value) = item.map_err(|e| LogError::Storage(e.to_string()))?;
-            let Some(offset) = offset_of(&key) else {
-                continue;
+        let mut iter = self.db.raw_iterator_cf_opt(entries, options);
+        iter.seek(from.to_be_bytes());
+        while iter.valid() {
+            let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
+                break;
             };
-            while expected < offset {
-                out.push((expected, None));
-                expected += 1;
+            if let Some(offset) = offset_of(key) {
+                while expected < offset {
+                    slice.items.push((expected, None));
+                    expected += 1;
+                }
+                let start = slice.bytes.len();
+                slice.bytes.extend_from_slice(value);
+                slice.items.push((offset, Some((start, slice.bytes.len()))));
+                expected = offset + 1;
             }
-            out.push((offset, Some(value.into_vec())));
-            expected = offset + 1;
+            iter.next();
         }
+        iter.status()
+            .map_err(|e| LogError::Storage(e.to_string()))?;
         while expected < until {
-            out.push((expected, None));
+            slice.items.push((expected, None));
             expected += 1;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Entries of `[from, from + max)`, decoded on every core.
@@ -149,37 +157,43 @@ impl EmbeddedReader {
         if from >= until {
             return Ok(Vec::new());
         }
-        let raw = self.raw(from, until)?;
+        let mut raw = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.raw(from, until, &mut raw)?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let chunk = raw.len().div_ceil(threads).max(DECODE_CHUNK_MIN);
-        let decode_all = |slice: &[(u64, Option<Vec<u8>>)]| -> Vec<RawEntry> {
-            slice
+        let chunk = raw.items.len().div_ceil(threads).max(DECODE_CHUNK_MIN);
+        let bytes = &raw.bytes;
+        let decode_all = |items: &[(u64, Option<(usize, usize)>)]| -> Vec<RawEntry> {
+            items
                 .iter()
-                .map(|(offset, bytes)| RawEntry {
+                .map(|(offset, span)| RawEntry {
                     position: Position {
                         log_partition: 0,
                         offset: *offset,
                     },
-                    entry: match bytes {
+                    entry: match span {
                         None => Err(Unreadable {
                             reason: "entry missing: a hole in the log's offsets".into(),
                             key: None,
                         }),
-                        Some(bytes) => decode::decode(bytes).map_err(|reason| Unreadable {
-                            reason,
-                            key: decode::peek_key(bytes),
-                        }),
+                        Some((start, end)) => {
+                            let value = &bytes[*start..*end];
+                            decode::decode(value).map_err(|reason| Unreadable {
+                                reason,
+                                key: decode::peek_key(value),
+                            })
+                        }
                     },
                 })
                 .collect()
         };
-        if raw.len() <= chunk {
-            return Ok(decode_all(&raw));
+        if raw.items.len() <= chunk {
+            return Ok(decode_all(&raw.items));
         }
         let parts: Vec<Vec<RawEntry>> = std::thread::scope(|s| {
             let handles: Vec<_> = raw
+                .items
                 .chunks(chunk)
-                .map(|slice| s.spawn(move || decode_all(slice)))
+                .map(|items| s.spawn(move || decode_all(items)))
                 .collect();
             handles
                 .into_iter()
@@ -188,6 +202,13 @@ impl EmbeddedReader {
         });
         Ok(parts.into_iter().flatten().collect())
     }
+}
+
+/// Raw values read in one go: the bytes, and per offset its span in them.
+#[derive(Default)]
+struct RawSlice {
+    bytes: Vec<u8>,
+    items: Vec<(u64, Option<(usize, usize)>)>,
 }
 
 fn offset_of(key: &[u8]) -> Option<u64> {
@@ -254,7 +275,7 @@ impl Source {
         until: u64,
         mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
     ) -> Result<(), crate::Stop> {
-        const SLICE: usize = 65_536;
+        const SLICE: usize = 16_384;
         let mut at = 0;
         while at < until {
             let want = usize::try_from(until - at).unwrap_or(usize::MAX).min(SLICE);
