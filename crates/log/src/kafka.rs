@@ -16,6 +16,12 @@
 //!   no foreign claim took the partition before it; otherwise it returns
 //!   [`LogError::Fenced`] and refuses every later append to that partition. What
 //!   counts is decided by [`fence::Validity`], the rule every reader applies.
+//! - **Ambiguous failures.** An append that fails after records may have been
+//!   written (a delivery timeout, a failed read-back) cannot say whether they
+//!   will count. Its error is transient, and every later append to that
+//!   partition is refused with [`LogError::InDoubt`] until the writer claims it
+//!   again and rebuilds its state from the log; otherwise a retry would decide
+//!   against state missing records that count (duplicate sequence numbers).
 //!
 //! Blocking librdkafka calls (metadata, watermarks, consumer polls) run on
 //! tokio's blocking pool; each log partition has its own lazily created reader.
@@ -113,6 +119,9 @@ enum Ownership {
         /// Offset of the first foreign claim that took the partition, once seen:
         /// our records before it count, none after it does.
         lost_at: Option<u64>,
+        /// Why an earlier append failed after records may have been written
+        /// (`LogError::InDoubt` until the writer claims again).
+        in_doubt: Option<String>,
     },
 }
 
@@ -319,6 +328,7 @@ impl KafkaLog {
             validity,
             scanned_to,
             lost_at: None,
+            in_doubt: None,
         };
         Ok(claim)
     }
@@ -342,14 +352,23 @@ impl KafkaLog {
     }
 
     /// The claim appends to a log partition go under: refused if this writer
-    /// never claimed it, fenced if it lost it.
+    /// never claimed it, fenced if it lost it, in doubt after an ambiguous failure.
     async fn claim_for_append(&self, log_partition: u32) -> Result<Claim, LogError> {
         match &*self.inner.ownership[log_partition as usize].lock().await {
             Ownership::Held {
                 claim,
                 lost_at: None,
+                in_doubt: None,
                 ..
             } => Ok(claim.clone()),
+            Ownership::Held {
+                lost_at: None,
+                in_doubt: Some(reason),
+                ..
+            } => Err(LogError::InDoubt {
+                log_partition,
+                reason: reason.clone(),
+            }),
             Ownership::Held { .. } => Err(LogError::Fenced {
                 writer_id: self.inner.config.writer_id.clone(),
                 log_partition,
@@ -357,6 +376,18 @@ impl KafkaLog {
             Ownership::Unclaimed => Err(LogError::Invalid(format!(
                 "log partition {log_partition} is not claimed by this writer"
             ))),
+        }
+    }
+
+    /// After an append failed past the point where records may have been written,
+    /// this writer's state may lack records that count: refuse further appends
+    /// until it claims again (and rebuilds its state from the log).
+    async fn put_in_doubt(&self, log_partition: u32, error: &LogError) {
+        if let Ownership::Held { in_doubt, .. } =
+            &mut *self.inner.ownership[log_partition as usize].lock().await
+        {
+            warn!(log_partition, %error, "append failed with records possibly written; partition in doubt until re-claimed");
+            in_doubt.get_or_insert_with(|| error.to_string());
         }
     }
 
@@ -902,7 +933,16 @@ impl EventLog for KafkaLog {
             })
             .collect();
         let targets: Vec<(u32, &LogEntry)> = entries.iter().map(|(p, e)| (*p, e)).collect();
-        let positions = self.produce_to(&targets).await?;
+        let positions = match self.produce_to(&targets).await {
+            Ok(positions) => positions,
+            Err(error) => {
+                // Some records may have been written (and would count).
+                for log_partition in claimed.keys() {
+                    self.put_in_doubt(*log_partition, &error).await;
+                }
+                return Err(error);
+            }
+        };
         let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         for position in &positions {
             by_partition
@@ -911,7 +951,15 @@ impl EventLog for KafkaLog {
                 .push(position.offset);
         }
         for (log_partition, offsets) in &by_partition {
-            self.verify(*log_partition, offsets).await?;
+            match self.verify(*log_partition, offsets).await {
+                Ok(()) => {}
+                Err(error @ LogError::Fenced { .. }) => return Err(error),
+                Err(error) => {
+                    // Written and acknowledged, but whether they count is unknown.
+                    self.put_in_doubt(*log_partition, &error).await;
+                    return Err(error);
+                }
+            }
         }
         Ok(positions)
     }

@@ -67,6 +67,12 @@ pub enum LogError {
         writer_id: String,
         log_partition: u32,
     },
+    /// An earlier append to this log partition failed after its records may
+    /// have reached the log (Kafka: a delivery or read-back failure). They may
+    /// count, so state built without them is wrong: re-claim the partition and
+    /// rebuild state from the log before appending again.
+    #[error("log partition {log_partition} in doubt after a failed append ({reason}): re-claim and recover before appending")]
+    InDoubt { log_partition: u32, reason: String },
     #[error("log unavailable: {0}")]
     Unavailable(String),
     #[error("timed out: {0}")]
@@ -83,7 +89,10 @@ impl LogError {
     pub fn transient(&self) -> bool {
         matches!(
             self,
-            LogError::Fenced { .. } | LogError::Unavailable(_) | LogError::Timeout(_)
+            LogError::Fenced { .. }
+                | LogError::InDoubt { .. }
+                | LogError::Unavailable(_)
+                | LogError::Timeout(_)
         )
     }
 }

@@ -688,23 +688,43 @@ async fn mock_broker_down_mid_batch_fails_transiently_then_recovers() {
         .broker_round_trip_time(MOCK_LEADER, Duration::ZERO)
         .unwrap();
     mock.cluster.broker_up(MOCK_LEADER).unwrap();
-    acked.extend(retry_append(&log, || batch("w-mock", 1, 10)).await);
+    acked.extend(retry_append(&log, 10).await);
     check_no_duplicates_and_acked_count(&mock, &acked).await;
 }
 
 /// Appends, retrying transient errors for a while: how the writer recovers.
-async fn retry_append(log: &KafkaLog, make: impl Fn() -> Vec<Record>) -> Vec<Position> {
+/// Appends `records` one-event-pair records, retrying transient errors for a
+/// while, as the writer recovers: after an append left the partition in doubt,
+/// it claims again (a writer would also rebuild its state from the log).
+async fn retry_append(log: &KafkaLog, records: u64) -> Vec<Position> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match log.append(make()).await {
+        let epoch = log
+            .held_claim(0)
+            .await
+            .expect("still holds its claim")
+            .epoch;
+        let error = match log.append(batch("w-mock", epoch, records)).await {
             Ok(positions) => return positions,
-            Err(error) if error.transient() && Instant::now() < deadline => {
-                eprintln!("retrying after transient error: {error}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(error) => error,
+        };
+        assert!(
+            error.transient() && Instant::now() < deadline,
+            "append did not recover: {error:?}"
+        );
+        eprintln!("retrying after transient error: {error}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if matches!(error, LogError::InDoubt { .. }) {
+            if let Err(error) = log.claim(0).await {
+                eprintln!("re-claim failed, will retry: {error}");
             }
-            Err(error) => panic!("append did not recover: {error:?}"),
         }
     }
+}
+
+/// The epoch `log` holds on partition 0.
+async fn epoch(log: &KafkaLog) -> u64 {
+    log.held_claim(0).await.unwrap().epoch
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,14 +757,23 @@ async fn mock_produce_errors_are_retried_or_reported_transient_never_duplicated(
         .expect_err("not durable, not acknowledged");
     assert!(error.transient(), "{error:?}");
     mock.cluster.clear_request_errors(RDKafkaApiKey::Produce);
+    // Its records may have been written: the writer must recover before it
+    // appends again, and is told so until it claims anew.
+    let error = log.append(batch("w-mock", 1, 1)).await.unwrap_err();
+    assert!(
+        matches!(error, LogError::InDoubt { .. }) && error.transient(),
+        "{error:?}"
+    );
+    let reclaimed = log.claim(0).await.unwrap();
+    assert_eq!(reclaimed.epoch, 2);
 
     // Request timeouts on produce.
     mock.cluster.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 2],
     );
-    acked.extend(retry_append(&log, || batch("w-mock", 1, 20)).await);
-    acked.extend(retry_append(&log, || batch("w-mock", 1, 20)).await);
+    acked.extend(retry_append(&log, 20).await);
+    acked.extend(retry_append(&log, 20).await);
     check_no_duplicates_and_acked_count(&mock, &acked).await;
 }
 
@@ -807,7 +836,10 @@ async fn mock_leader_move_mid_stream_keeps_order_and_acknowledgements() {
     let mut acked = log.append(batch("w-mock", 1, 10)).await.unwrap();
     let in_flight = tokio::spawn({
         let log = log.clone();
-        async move { log.append(batch("w-mock", 1, 500)).await }
+        async move {
+            let epoch = epoch(&log).await;
+            log.append(batch("w-mock", epoch, 500)).await
+        }
     });
     tokio::time::sleep(Duration::from_millis(5)).await;
     mock.cluster
@@ -817,11 +849,11 @@ async fn mock_leader_move_mid_stream_keeps_order_and_acknowledgements() {
         Ok(positions) => acked.extend(positions),
         Err(error) => assert!(error.transient(), "{error:?}"),
     }
-    acked.extend(retry_append(&log, || batch("w-mock", 1, 10)).await);
+    acked.extend(retry_append(&log, 10).await);
     mock.cluster
         .partition_leader(&mock.topic, 0, Some(3))
         .unwrap();
-    acked.extend(retry_append(&log, || batch("w-mock", 1, 10)).await);
+    acked.extend(retry_append(&log, 10).await);
     check_no_duplicates_and_acked_count(&mock, &acked).await;
     let sorted = {
         let mut s = acked.clone();
