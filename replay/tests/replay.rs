@@ -1,0 +1,11 @@
+//! Integration tests of `reservoir-replay`, one binary with a module per area.
+//! Histories come from the real `reservoir` server binary over HTTP; the replay
+//! tool runs as its own binary, as an auditor would run it.
+
+mod replay {
+    mod audit;
+    mod decode;
+    mod determinism;
+    pub mod support;
+    mod tamper;
+}
