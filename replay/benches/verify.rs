@@ -102,7 +102,7 @@ impl Gen {
                     overdraft_limit_breached: false,
                     from_usage_unknown: false,
                 },
-                _ if cycle % 10 == 0 => EventBody::AdmissionRefused {
+                _ if cycle.is_multiple_of(10) => EventBody::AdmissionRefused {
                     id: ReservationId::new(format!("x-{cycle}")).unwrap(),
                     requested_units: 1 << 45,
                     reason: RefusalReason::RequestTooLarge,
