@@ -52,6 +52,10 @@ pub const FORMAT_TAG: &[u8] = b"reservoir.embedded-log.v1";
 pub const APPEND_RECORDS_MAX: usize = 16_384;
 /// Most entries the writer puts in one synced write (a group of appends).
 pub const WRITE_GROUP_ENTRIES_MAX: usize = 65_536;
+/// Batches at least this long are freed on the blocking pool (see `append`).
+const FREE_ASIDE_RECORDS_MIN: usize = 64;
+/// Initial buffer space per record; a one-event record encodes to ~180 bytes.
+const ENCODED_RECORD_BYTES_GUESS: usize = 224;
 /// Appends that may wait for the writer before `append` itself waits to queue.
 pub const QUEUE_DEPTH_MAX: usize = 1_024;
 
@@ -500,7 +504,7 @@ impl EventLog for EmbeddedLog {
         };
         // Encoded back to back into one buffer: two allocations per append, not
         // one per record.
-        let mut bytes = Vec::with_capacity(batch.len() * 160);
+        let mut bytes = Vec::with_capacity(batch.len() * ENCODED_RECORD_BYTES_GUESS);
         let mut ends = Vec::with_capacity(batch.len());
         for record in &batch {
             if record.writer_id != claim.writer_id || record.claim_epoch != claim.epoch {
@@ -514,11 +518,18 @@ impl EventLog for EmbeddedLog {
             ends.push(bytes.len());
         }
         let count = ends.len() as u64;
+        // Freeing a large batch costs about as much as encoding it: do it on
+        // the blocking pool, alongside the fsync, not before or after it.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if batch.len() >= FREE_ASIDE_RECORDS_MIN => {
+                runtime.spawn_blocking(move || drop(batch));
+            }
+            _ => drop(batch),
+        }
         let (reply, answer) = oneshot::channel();
         if let Some(request) = self.try_write_inline(Request::Append { bytes, ends, reply }) {
             self.send(request).await?;
         }
-        drop(batch);
         let first = answer.await.map_err(|_| writer_gone())??;
         Ok((first..first + count)
             .map(|offset| Position {
