@@ -687,13 +687,18 @@ fn framed(
     Ok(())
 }
 
+/// Zig-zag varint, assembled on the stack and appended in one copy.
 fn put_long(out: &mut Vec<u8>, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    let mut buf = [0u8; 10];
+    let mut len = 0;
     while z >= 0x80 {
-        out.push((z as u8) | 0x80);
+        buf[len] = (z as u8) | 0x80;
         z >>= 7;
+        len += 1;
     }
-    out.push(z as u8);
+    buf[len] = z as u8;
+    out.extend_from_slice(&buf[..=len]);
 }
 
 fn put_u64(out: &mut Vec<u8>, field: &'static str, v: u64) -> Result<(), CodecError> {
