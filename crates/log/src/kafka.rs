@@ -1121,3 +1121,64 @@ fn partition_count(client: &BaseConsumer, config: &KafkaConfig) -> Result<Option
         _ => Ok(None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kafka's own murmur2 test vectors (`UtilsTest.testMurmur2` in Apache
+    /// Kafka): our placement agrees with Java clients' default partitioner.
+    #[test]
+    fn murmur2_matches_kafka() {
+        let vectors: [(&str, i32); 6] = [
+            ("21", -973932308),
+            ("foobar", -790332482),
+            ("a-little-bit-long-string", -985981536),
+            ("a-little-bit-longer-string", -1486304829),
+            (
+                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58897971,
+            ),
+            ("abc", 479470107),
+        ];
+        for (input, expected) in vectors {
+            assert_eq!(murmur2(input.as_bytes()) as i32, expected, "{input}");
+        }
+        assert_eq!(
+            murmur2_partition(b"abc", 8),
+            (479470107u32 & 0x7fff_ffff) % 8
+        );
+    }
+
+    #[test]
+    fn error_classification() {
+        use rdkafka::error::KafkaError as K;
+        let rows: Vec<(KafkaError, bool)> = vec![
+            (
+                K::MessageProduction(RDKafkaErrorCode::MessageTimedOut),
+                true,
+            ),
+            (K::MessageProduction(RDKafkaErrorCode::QueueFull), true),
+            (
+                K::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure),
+                true,
+            ),
+            (
+                K::MessageProduction(RDKafkaErrorCode::NotEnoughReplicas),
+                true,
+            ),
+            (
+                K::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+                false,
+            ),
+            (
+                K::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed),
+                false,
+            ),
+            (K::Canceled, true),
+        ];
+        for (error, transient) in rows {
+            assert_eq!(log_error("test", &error).transient(), transient, "{error}");
+        }
+    }
+}
