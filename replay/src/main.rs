@@ -280,7 +280,7 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             let replayed = started.elapsed();
             let findings = std::mem::take(&mut engine.findings);
             let events = engine.stats.events;
-            let (balances, reservations) = state::entries_of(&mut engine);
+            let (balances, reservations) = state::entries_with(&mut engine, !balances_only);
             verify::compare(
                 "balance",
                 &balances,
@@ -363,8 +363,16 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
                     f.log_partition, f.offset, f.key, f.sequence, f.error
                 );
             }
-            if cli.strict && !findings.is_empty() {
-                return Err(Stop::Error(format!("{} finding(s)", findings.len())));
+            if let (true, Some(f)) = (cli.strict, findings.first()) {
+                return Err(Stop::Strict(Finding {
+                    log_partition: f.log_partition,
+                    offset: f.offset,
+                    partition: Some(f.key.to_string()),
+                    event_index: Some(f.event_index),
+                    sequence: Some(f.sequence),
+                    kind: "refused",
+                    detail: f.error.clone(),
+                }));
             }
             db.flush().map_err(|e| Stop::Error(e.to_string()))?;
             Ok(findings.is_empty())

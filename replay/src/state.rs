@@ -54,6 +54,13 @@ pub fn projection_of(key: &reservoir_core::PartitionKey, s: PartState) -> Partit
 /// Balances and reservations of every replayed partition, keyed and encoded as
 /// the projection stores them, each list in key byte order.
 pub fn entries_of(engine: &mut Engine<'_>) -> (Vec<Entry>, Vec<Entry>) {
+    entries_with(engine, true)
+}
+
+/// [`entries_of`], leaving out the reservation records unless asked for.
+/// Takes the partitions out of `engine` and deliberately leaks their state (a
+/// tool that exits next should not spend seconds freeing millions of records).
+pub fn entries_with(engine: &mut Engine<'_>, with_reservations: bool) -> (Vec<Entry>, Vec<Entry>) {
     let mut balances = Vec::new();
     let mut reservations = Vec::new();
     for (key, s) in std::mem::take(&mut engine.partitions) {
@@ -62,6 +69,11 @@ pub fn entries_of(engine: &mut Engine<'_>) -> (Vec<Entry>, Vec<Entry>) {
             continue;
         };
         balances.push((store::partition_key(&key), json(&balance)));
+        if !with_reservations {
+            // Freed at exit, not here: dropping millions of records costs seconds.
+            std::mem::forget(proj);
+            continue;
+        }
         for (id, reservation) in &proj.partition.reservations {
             let record = ReservationRecord {
                 key: key.clone(),
@@ -69,6 +81,7 @@ pub fn entries_of(engine: &mut Engine<'_>) -> (Vec<Entry>, Vec<Entry>) {
             };
             reservations.push((store::reservation_key(&key, id.as_str()), json(&record)));
         }
+        std::mem::forget(proj);
     }
     balances.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     reservations.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
