@@ -563,14 +563,9 @@ async fn independent_client_decodes_every_value_from_the_schemas_alone() {
     );
 }
 
-/// The schema fingerprint header should be reproducible by any client from the
-/// `.avsc` alone (sha256 of the Parsing Canonical Form). It is not yet for the
-/// envelope: apache-avro 0.21's `canonical_form()` keeps logical-type
-/// primitives as `{"type":"long"}` where the spec (and fastavro) reduce them to
-/// `"long"`, so the header differs from what a spec-following client computes.
-/// The claim schema (no logical types) matches.
+/// The schema fingerprint header is reproducible by any client from the `.avsc`
+/// alone: sha256 of the Parsing Canonical Form, as fastavro computes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known codec gap: apache-avro 0.21 canonical form differs from the spec for logical types"]
 async fn independent_client_reproduces_the_schema_fingerprint_header() {
     let brokers = require_broker!();
     let (_log, decoded) = independent_read(&brokers).await;
