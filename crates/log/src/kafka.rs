@@ -2,8 +2,10 @@
 //! for any Kafka-protocol broker, including ones without transactions (tansu).
 //!
 //! - **Placement.** A ledger partition's records always go to one Kafka
-//!   partition, chosen by us ([`log_partition_for`]: murmur2 of the record key,
-//!   as Kafka's Java default partitioner does), never by librdkafka's partitioner.
+//!   partition, chosen by us ([`log_partition_of_route`]: murmur2, as Kafka's
+//!   Java default partitioner computes it, of `subject|route`, so every epoch and
+//!   generation of a subject/route shares one Kafka partition and one owner in
+//!   cluster mode), never by librdkafka's partitioner.
 //! - **Atomicity.** One Kafka record holds one command's events ([`Record`]), so a
 //!   command is never split, on any broker.
 //! - **Durability.** The producer is idempotent (`enable.idempotence=true`,
@@ -155,6 +157,23 @@ impl std::fmt::Debug for KafkaLog {
             .field("writer_id", &self.inner.config.writer_id)
             .finish()
     }
+}
+
+/// The log partition of every ledger partition of one subject and route (all
+/// accounting epochs and policy generations): murmur2 of `subject|route`.
+///
+/// Placement is by subject and route, not by the whole partition key, because a
+/// command can touch two generations of one subject/route at once (publishing
+/// generation 2 closes generation 1 in the same batch), and in cluster mode the
+/// owner of one Kafka partition must be able to write both. It also lets any
+/// node route a request that names only a subject and route (a reserve) to the
+/// owner without knowing the active generation.
+pub fn log_partition_of_route(subject: &str, route: &str, partitions: u32) -> u32 {
+    let mut placement = String::with_capacity(subject.len() + route.len() + 1);
+    placement.push_str(subject);
+    placement.push('|');
+    placement.push_str(route);
+    murmur2_partition(placement.as_bytes(), partitions)
 }
 
 /// Kafka's default partitioner for keyed records (Java's `murmur2(key) &
@@ -887,10 +906,7 @@ enum ReadTo {
 
 impl EventLog for KafkaLog {
     fn log_partition_for(&self, key: &PartitionKey) -> u32 {
-        murmur2_partition(
-            codec::partition_key_string(key).as_bytes(),
-            self.inner.log_partitions,
-        )
+        log_partition_of_route(&key.subject, &key.route, self.inner.log_partitions)
     }
 
     fn log_partitions(&self) -> u32 {

@@ -26,7 +26,23 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum CliCommand {
     /// Recover the ledger from the log and serve the HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Ask a running node about the cluster.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Nodes, the partitions each owns, claim epochs and lag (`GET /v1/cluster`).
+    Status {
+        /// Any node's HTTP address.
+        #[arg(long, env = "RESERVOIR_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Print the raw JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Which event log the writer appends to.
@@ -80,6 +96,28 @@ pub struct ServeArgs {
     /// Largest request body accepted, bytes. Default 65536.
     #[arg(long, env = "RESERVOIR_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Cluster mode (with `--log kafka`): join this Kafka consumer group on the
+    /// topic; the partitions the group assigns to this node are the ones it
+    /// writes. Every node of one cluster names the same group.
+    #[arg(long, env = "RESERVOIR_CLUSTER_GROUP")]
+    pub cluster_group: Option<String>,
+    /// Cluster mode: the URL other nodes reach this node's HTTP API at.
+    /// Default `http://<listen>`.
+    #[arg(long, env = "RESERVOIR_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+    /// Cluster mode: the other nodes' URLs, comma separated (this node's own is ignored).
+    #[arg(long, env = "RESERVOIR_PEERS", value_delimiter = ',')]
+    pub peers: Option<Vec<String>>,
+    /// Cluster mode: this node's name in status and claims. Default `<hostname>-<pid>`.
+    #[arg(long, env = "RESERVOIR_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Cluster mode: consumer-group session timeout, ms: a node silent this long
+    /// loses its partitions. Default 10000.
+    #[arg(long, env = "RESERVOIR_SESSION_TIMEOUT_MS")]
+    pub session_timeout_ms: Option<u64>,
+    /// Partitions of the topic when `reservoir` has to create it. Default 8.
+    #[arg(long, env = "RESERVOIR_TOPIC_PARTITIONS")]
+    pub topic_partitions: Option<u32>,
     /// Embedded log only: write a local snapshot of the ledger state this often
     /// (and at shutdown), so a restart replays only the log after it. 0 = never. Default 300.
     #[arg(long, env = "RESERVOIR_SNAPSHOT_INTERVAL_SECS")]
@@ -101,12 +139,27 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// `None`: no snapshots (always for logs other than the embedded one).
     pub snapshot_interval: Option<Duration>,
+    /// `Some`: cluster mode (see [`crate::cluster`]).
+    pub cluster: Option<ClusterConfig>,
+    pub topic_partitions: u32,
+}
+
+/// Cluster-mode settings.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub group: String,
+    pub advertise_url: String,
+    pub peers: Vec<String>,
+    pub node_id: String,
+    pub session_timeout: Duration,
 }
 
 /// Upper bounds on the tunables: a limit has a name and a unit.
 pub const MAX_WRITER_SHARDS: usize = 256;
 pub const MAX_BATCH_COMMANDS_LIMIT: usize = 16_384;
 pub const MAX_BODY_BYTES_LIMIT: usize = 1 << 20;
+pub const MAX_TOPIC_PARTITIONS: u32 = 1_024;
+pub const MAX_PEERS: usize = 64;
 
 impl Default for Config {
     fn default() -> Self {
@@ -122,6 +175,8 @@ impl Default for Config {
             refill_interval: Duration::from_millis(1_000),
             max_body_bytes: 64 * 1024,
             snapshot_interval: Some(Duration::from_secs(300)),
+            cluster: None,
+            topic_partitions: 8,
         }
     }
 }
@@ -134,9 +189,30 @@ impl ServeArgs {
             None => ServeArgs::default(),
         };
         let base = Config::default();
+        let listen = self.listen.or(file.listen).unwrap_or(base.listen);
+        let cluster = self
+            .cluster_group
+            .or(file.cluster_group)
+            .map(|group| ClusterConfig {
+                group,
+                advertise_url: self
+                    .advertise_url
+                    .or(file.advertise_url)
+                    .unwrap_or_else(|| format!("http://{listen}")),
+                peers: self.peers.or(file.peers).unwrap_or_default(),
+                node_id: self
+                    .node_id
+                    .or(file.node_id)
+                    .unwrap_or_else(|| format!("{}-{}", crate::hostname(), std::process::id())),
+                session_timeout: Duration::from_millis(
+                    self.session_timeout_ms
+                        .or(file.session_timeout_ms)
+                        .unwrap_or(10_000),
+                ),
+            });
         let config = Config {
             data_dir: self.data_dir.or(file.data_dir).unwrap_or(base.data_dir),
-            listen: self.listen.or(file.listen).unwrap_or(base.listen),
+            listen,
             log: self.log.or(file.log).unwrap_or(base.log),
             brokers: self.brokers.or(file.brokers),
             topic: self.topic.or(file.topic).unwrap_or(base.topic),
@@ -167,6 +243,11 @@ impl ServeArgs {
                 Some(secs) => Some(Duration::from_secs(secs)),
                 None => base.snapshot_interval,
             },
+            cluster,
+            topic_partitions: self
+                .topic_partitions
+                .or(file.topic_partitions)
+                .unwrap_or(base.topic_partitions),
         };
         config.validate()?;
         Ok(config)
@@ -198,6 +279,31 @@ impl Config {
         }
         if self.log == LogKind::Kafka && self.brokers.is_none() {
             return Err("--log kafka needs --brokers HOST:PORT".to_string());
+        }
+        if !(1..=MAX_TOPIC_PARTITIONS).contains(&self.topic_partitions) {
+            return Err(format!(
+                "topic-partitions must be 1..={MAX_TOPIC_PARTITIONS}"
+            ));
+        }
+        if let Some(cluster) = &self.cluster {
+            if self.log != LogKind::Kafka {
+                return Err("--cluster-group needs --log kafka".to_string());
+            }
+            if cluster.group.is_empty() || cluster.node_id.is_empty() {
+                return Err("cluster group and node id must not be empty".to_string());
+            }
+            if !cluster.advertise_url.starts_with("http://") {
+                return Err("advertise-url must be http://HOST:PORT".to_string());
+            }
+            if cluster.peers.len() > MAX_PEERS
+                || cluster.peers.iter().any(|p| !p.starts_with("http://"))
+            {
+                return Err(format!("peers: at most {MAX_PEERS} http:// URLs"));
+            }
+            let ms = cluster.session_timeout.as_millis();
+            if !(1_000..=300_000).contains(&ms) {
+                return Err("session-timeout-ms must be 1000..=300000".to_string());
+            }
         }
         Ok(())
     }

@@ -11,11 +11,14 @@
 //! - [`api`]: the axum routes, problem+json errors ([`problem`]) and the OpenAPI document.
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
 //! - [`memlog`]: an in-memory log with fault injection, for tests.
+//! - [`cluster`]: several nodes on one Kafka topic (consumer-group ownership,
+//!   claims, routing between nodes, `GET /v1/cluster`).
 //!
 //! [`start`] runs a server on any [`EventLog`] until its shutdown future resolves;
 //! the binary passes SIGTERM/Ctrl-C, tests pass a channel.
 
 pub mod api;
+pub mod cluster;
 pub mod config;
 pub mod memlog;
 pub mod problem;
@@ -33,6 +36,13 @@ use reservoir_log::EventLog;
 use tokio::sync::watch;
 
 pub use config::Config;
+
+/// This machine's name (`/etc/hostname`), for writer and node ids.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "node".into())
+}
 
 /// A server started by [`start`].
 pub struct RunningServer {

@@ -1,8 +1,10 @@
 //! `reservoir`: the command line entry point. `reservoir serve` claims the log,
 //! recovers the ledger from it (embedded RocksDB log in `--data-dir` by default;
 //! `--log kafka --brokers HOST:PORT` for one node on a Kafka topic, which claims
-//! every partition of the topic) and serves the HTTP API until SIGTERM or
-//! Ctrl-C, finishing the batch in flight.
+//! every partition of the topic; add `--cluster-group NAME` to run as one of
+//! several nodes sharing the topic, see `reservoir_server::cluster`) and serves
+//! the HTTP API until SIGTERM or Ctrl-C, finishing the batch in flight.
+//! `reservoir cluster status --url URL` prints a node's view of the cluster.
 //!
 //! A panic anywhere aborts the process: a broken invariant must crash, and
 //! recovery from the log is the only restart path (crash-only).
@@ -14,7 +16,8 @@ use clap::Parser;
 use reservoir_log::embedded::EmbeddedLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
 use reservoir_log::EventLog;
-use reservoir_server::config::{Cli, CliCommand, Config, LogKind};
+use reservoir_server::config::{Cli, CliCommand, ClusterCommand, Config, LogKind};
+use reservoir_server::hostname;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -32,7 +35,22 @@ fn main() -> ExitCode {
     }));
 
     let cli = Cli::parse();
-    let CliCommand::Serve(args) = cli.command;
+    let args = match cli.command {
+        CliCommand::Serve(args) => *args,
+        CliCommand::Cluster(ClusterCommand::Status { url, json }) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            return match runtime.block_on(reservoir_server::cluster::status::print(&url, json)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("reservoir: {err}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    };
     let config = match args.resolve() {
         Ok(c) => c,
         Err(err) => {
@@ -81,6 +99,9 @@ async fn serve(mut config: Config) -> Result<(), String> {
             )
             .await?
         }
+        LogKind::Kafka if config.cluster.is_some() => {
+            return reservoir_server::cluster::run(config, shutdown_signal()).await;
+        }
         LogKind::Kafka => {
             let brokers = config
                 .brokers
@@ -88,6 +109,7 @@ async fn serve(mut config: Config) -> Result<(), String> {
                 .ok_or("--log kafka needs --brokers HOST:PORT")?;
             let mut kafka = KafkaConfig::new(brokers, writer_id.clone());
             kafka.topic = config.topic.clone();
+            kafka.partitions_for_new_topic = config.topic_partitions;
             let log = KafkaLog::connect(kafka)
                 .await
                 .map_err(|e| format!("cannot connect to Kafka: {e}"))?;
@@ -125,12 +147,6 @@ async fn serve(mut config: Config) -> Result<(), String> {
     };
     tracing::info!(addr = %server.addr, log = ?config.log, data_dir = %config.data_dir.display(), "listening");
     server.done.await.map_err(|e| e.to_string())?
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "node".into())
 }
 
 /// SIGTERM or Ctrl-C.

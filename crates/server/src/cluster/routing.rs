@@ -1,0 +1,436 @@
+//! The cluster node's HTTP front: finds the Kafka partition a request belongs
+//! to, and hands it to the local partition's router (the single-node API,
+//! unchanged), forwards it to the peer serving that partition, or answers a
+//! retryable 503 while nobody serves it. A non-owner never decides.
+//!
+//! | request | partition from |
+//! | --- | --- |
+//! | `POST /v1/policies` | `policy.subject`, `policy.route` in the body |
+//! | `GET /v1/policies/{subject}/{route}` | the path |
+//! | `POST /v1/reservations` | `subject`, `route` in the body |
+//! | `/v1/reservations/{id}[/start,/settle,/release]` | the id: local writers, then ids this node routed, then `GET /v1/cluster/locate/{id}` on every live peer |
+//! | `GET /v1/partitions` | every local partition, and (unless forwarded) every live peer's |
+//!
+//! Forwarded requests carry `x-reservoir-hops`; a request that has been
+//! forwarded [`MAX_HOPS`] times is answered 503 rather than forwarded again
+//! (ownership is moving; the client retries with the same id).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use reservoir_core::ReservationId;
+use reservoir_log::kafka::log_partition_of_route;
+use tower::ServiceExt;
+
+use super::{status, Node};
+use crate::problem::ApiError;
+
+pub const HOPS_HEADER: &str = "x-reservoir-hops";
+/// Most times one request is forwarded between nodes.
+pub const MAX_HOPS: u32 = 2;
+/// Longest a forwarded request may take (the owner's own limit is 30 s).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(35);
+
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/v1/cluster", get(cluster_view))
+        .route("/v1/cluster/node", get(node_status))
+        .route("/v1/cluster/locate/{id}", get(locate))
+        .route("/readyz", get(readyz))
+        .fallback(front)
+        .with_state(node)
+}
+
+async fn cluster_view(State(node): State<Arc<Node>>) -> Response {
+    Json(status::cluster(&node).await).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct Offsets {
+    offsets: Option<bool>,
+}
+
+async fn node_status(
+    State(node): State<Arc<Node>>,
+    query: axum::extract::Query<Offsets>,
+) -> Response {
+    Json(status::local(&node, query.offsets.unwrap_or(false)).await).into_response()
+}
+
+/// Ready once the group has given this node its first assignment.
+async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    if node.joined.load(std::sync::atomic::Ordering::Acquire) {
+        Json(serde_json::json!({"status": "ready"})).into_response()
+    } else {
+        unavailable("joining the consumer group").into_response()
+    }
+}
+
+/// `GET /v1/cluster/locate/{id}`: the partition holding `id` among this node's.
+async fn locate(
+    State(node): State<Arc<Node>>,
+    axum::extract::Path(raw): axum::extract::Path<String>,
+) -> Response {
+    match ReservationId::new(&raw)
+        .ok()
+        .and_then(|id| locate_local(&node, &id))
+    {
+        Some(p) => Json(serde_json::json!({"log_partition": p})).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+fn locate_local(node: &Node, id: &ReservationId) -> Option<u32> {
+    let slots = node.slots.read().expect("slots");
+    slots.iter().find_map(|(p, slot)| match &slot.state {
+        super::SlotState::Serving(owned) => owned.writers.locate(id).map(|_| *p),
+        _ => None,
+    })
+}
+
+fn unavailable(detail: impl Into<String>) -> ApiError {
+    ApiError::unavailable(detail)
+}
+
+fn hops(headers: &HeaderMap) -> u32 {
+    headers
+        .get(HOPS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Where a request goes.
+enum Target {
+    Partition(u32),
+    /// By reservation id, resolved below.
+    Id(ReservationId),
+    /// Anything else (health, metrics, OpenAPI, unknown paths, bodies we cannot
+    /// read): answered by the local not-ready router or any local partition.
+    Local,
+    Partitions,
+}
+
+async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let limit = node.config.max_body_bytes;
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "request body is above the size limit",
+            )
+            .into_response()
+        }
+    };
+    let partitions = node.log_partitions();
+    let path = parts.uri.path().to_string();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let target = match (&parts.method, segments.as_slice()) {
+        (&Method::POST, ["v1", "policies"]) => body_route(&bytes, &["policy"])
+            .map_or(Target::Local, |(s, r)| {
+                Target::Partition(log_partition_of_route(&s, &r, partitions))
+            }),
+        (&Method::GET, ["v1", "policies", subject, route]) => {
+            match (percent_decode(subject), percent_decode(route)) {
+                (Some(s), Some(r)) => Target::Partition(log_partition_of_route(&s, &r, partitions)),
+                _ => Target::Local,
+            }
+        }
+        (&Method::POST, ["v1", "reservations"]) => body_route(&bytes, &[])
+            .map_or(Target::Local, |(s, r)| {
+                Target::Partition(log_partition_of_route(&s, &r, partitions))
+            }),
+        (_, ["v1", "reservations", id, ..]) if segments.len() <= 4 => {
+            match percent_decode(id).and_then(|raw| ReservationId::new(&raw).ok()) {
+                Some(id) => Target::Id(id),
+                None => Target::Local,
+            }
+        }
+        (&Method::GET, ["v1", "partitions"]) => Target::Partitions,
+        _ => Target::Local,
+    };
+    let hops = hops(&parts.headers);
+    match target {
+        Target::Local => local_any(&node, parts, bytes).await,
+        Target::Partitions => all_partitions(&node, parts, bytes, hops).await,
+        Target::Partition(p) => {
+            let reserve_id = reserve_id(&parts, &bytes);
+            let response = dispatch(&node, p, parts, bytes, hops).await;
+            if let (Some(id), true) = (reserve_id, response.status().is_success()) {
+                node.remember_id(id, p);
+            }
+            response
+        }
+        Target::Id(id) => match find(&node, &id, hops).await {
+            Ok(p) => dispatch(&node, p, parts, bytes, hops).await,
+            Err(response) => response,
+        },
+    }
+}
+
+/// Subject and route from a JSON body (at `prefix` inside it).
+fn body_route(bytes: &Bytes, prefix: &[&str]) -> Option<(String, String)> {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    for key in prefix {
+        value = value.get_mut(*key)?.take();
+    }
+    Some((
+        value.get("subject")?.as_str()?.to_string(),
+        value.get("route")?.as_str()?.to_string(),
+    ))
+}
+
+fn reserve_id(parts: &axum::http::request::Parts, bytes: &Bytes) -> Option<ReservationId> {
+    if parts.method != Method::POST || parts.uri.path().trim_end_matches('/') != "/v1/reservations"
+    {
+        return None;
+    }
+    let from_body = serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
+    let raw = from_body.or_else(|| {
+        parts
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    })?;
+    ReservationId::new(&raw).ok()
+}
+
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn rebuild(parts: axum::http::request::Parts, bytes: Bytes) -> Request {
+    Request::from_parts(parts, Body::from(bytes))
+}
+
+async fn call(router: &Router, request: Request) -> Response {
+    match router.clone().oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// Health, metrics, OpenAPI and requests we could not place: a local partition's
+/// router if there is one (so a bad body gets its 4xx), else the idle router.
+async fn local_any(node: &Node, parts: axum::http::request::Parts, bytes: Bytes) -> Response {
+    let serving = {
+        let slots = node.slots.read().expect("slots");
+        slots.values().find_map(|slot| match &slot.state {
+            super::SlotState::Serving(owned) => Some(owned.router.clone()),
+            _ => None,
+        })
+    };
+    let is_write = parts.method == Method::POST;
+    match serving {
+        Some(router) if is_write => call(&router, rebuild(parts, bytes)).await,
+        _ => call(&node.idle, rebuild(parts, bytes)).await,
+    }
+}
+
+/// The partition holding reservation `id`, or the answer to give.
+async fn find(node: &Node, id: &ReservationId, hops: u32) -> Result<u32, Response> {
+    if let Some(p) = locate_local(node, id) {
+        return Ok(p);
+    }
+    if let Some(p) = node.id_cache.lock().expect("id cache").get(id).copied() {
+        return Ok(p);
+    }
+    if hops == 0 {
+        let mut asks = tokio::task::JoinSet::new();
+        for peer in node.peers.live() {
+            let http = node.http.clone();
+            let url = format!("{}/v1/cluster/locate/{id}", peer.url);
+            asks.spawn(async move {
+                let response = http
+                    .get(url)
+                    .header(HOPS_HEADER, "1")
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                    .ok()?;
+                if !response.status().is_success() {
+                    return None;
+                }
+                let body: serde_json::Value = response.json().await.ok()?;
+                body.get("log_partition")?.as_u64().map(|p| p as u32)
+            });
+        }
+        while let Some(answer) = asks.join_next().await {
+            if let Ok(Some(p)) = answer {
+                node.remember_id(id.clone(), p);
+                return Ok(p);
+            }
+        }
+    }
+    // Unknown everywhere we asked. That is a 404 only if every partition is
+    // served: a partition being taken over may hold it.
+    let unserved = (0..node.log_partitions())
+        .any(|p| node.serving(p).is_none() && node.peers.owner_of(p).is_none());
+    if unserved {
+        return Err(unavailable(format!(
+            "reservation {id} not found while some partitions change owner; retry"
+        ))
+        .into_response());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_reservation",
+        format!("unknown reservation {id}"),
+    )
+    .into_response())
+}
+
+/// Decides locally, forwards to the owner, or answers 503.
+async fn dispatch(
+    node: &Node,
+    p: u32,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    hops: u32,
+) -> Response {
+    if let Some(owned) = node.serving(p) {
+        return call(&owned.router, rebuild(parts, bytes)).await;
+    }
+    if node.holds_slot(p) {
+        return unavailable(format!(
+            "partition {p} is being taken over by this node; retry"
+        ))
+        .into_response();
+    }
+    let Some((url, _epoch)) = node.peers.owner_of(p) else {
+        return unavailable(format!("partition {p} has no owner right now; retry")).into_response();
+    };
+    if hops >= MAX_HOPS {
+        return unavailable(format!("partition {p} is moving (hop limit); retry")).into_response();
+    }
+    forward(node, &url, parts, bytes, hops + 1).await
+}
+
+async fn forward(
+    node: &Node,
+    url: &str,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    hops: u32,
+) -> Response {
+    let target = format!(
+        "{url}{}",
+        parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
+    );
+    let mut request = node
+        .http
+        .request(parts.method.clone(), target)
+        .timeout(FORWARD_TIMEOUT)
+        .header(HOPS_HEADER, hops.to_string())
+        .body(bytes);
+    for name in [header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(v) = parts.headers.get(&name) {
+            request = request.header(name, v.clone());
+        }
+    }
+    if let Some(v) = parts.headers.get("idempotency-key") {
+        request = request.header("idempotency-key", v.clone());
+    }
+    let response = match request.send().await {
+        Ok(r) => r,
+        Err(err) => {
+            return unavailable(format!("owner {url} unreachable: {err}; retry")).into_response()
+        }
+    };
+    let status = response.status();
+    let mut headers = HeaderMap::new();
+    for name in [header::CONTENT_TYPE, header::RETRY_AFTER] {
+        if let Some(v) = response.headers().get(&name) {
+            headers.insert(name, v.clone());
+        }
+    }
+    headers.insert(
+        "x-reservoir-served-by",
+        HeaderValue::from_str(url).unwrap_or(HeaderValue::from_static("peer")),
+    );
+    match response.bytes().await {
+        Ok(body) => (status, headers, body).into_response(),
+        Err(err) => unavailable(format!("owner {url} answer cut: {err}; retry")).into_response(),
+    }
+}
+
+/// `GET /v1/partitions`: local partitions, plus every live peer's unless forwarded.
+async fn all_partitions(
+    node: &Node,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    hops: u32,
+) -> Response {
+    let routers: Vec<axum::Router> = {
+        let slots = node.slots.read().expect("slots");
+        slots
+            .values()
+            .filter_map(|slot| match &slot.state {
+                super::SlotState::Serving(owned) => Some(owned.router.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut all: Vec<serde_json::Value> = Vec::new();
+    for router in routers {
+        let request = rebuild(parts.clone(), bytes.clone());
+        let response = call(&router, request).await;
+        if !response.status().is_success() {
+            return response;
+        }
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap_or_default();
+        if let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&body) {
+            all.extend(items);
+        }
+    }
+    if hops == 0 {
+        for peer in node.peers.live() {
+            let answer = node
+                .http
+                .get(format!("{}/v1/partitions", peer.url))
+                .header(HOPS_HEADER, "1")
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await;
+            match answer {
+                Ok(r) if r.status().is_success() => {
+                    if let Ok(serde_json::Value::Array(items)) = r.json().await {
+                        all.extend(items);
+                    }
+                }
+                _ => {
+                    return unavailable(format!("peer {} did not list its partitions", peer.url))
+                        .into_response()
+                }
+            }
+        }
+    }
+    Json(all).into_response()
+}
