@@ -8,6 +8,8 @@
 #[path = "server/support.rs"]
 mod support;
 
+#[path = "server/cluster.rs"]
+mod cluster;
 #[path = "server/crash.rs"]
 mod crash;
 #[path = "server/failures.rs"]

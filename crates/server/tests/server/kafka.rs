@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::crash::spawn_server_with;
 use crate::support::*;
 
-fn brokers() -> Option<String> {
+pub(crate) fn brokers() -> Option<String> {
     match std::env::var("RESERVOIR_TEST_BROKERS") {
         Ok(b) if !b.is_empty() => Some(b),
         _ if std::env::var("CI").as_deref() == Ok("true") => {

@@ -1,0 +1,413 @@
+//! Cluster mode on a Kafka-protocol broker (tansu in `scripts/test`): three
+//! `reservoir` processes on loopback share one topic through a consumer group.
+//! One scenario, in steps: the nodes split the partitions and any node answers
+//! for any partition; a SIGKILLed node's partitions are taken over with every
+//! acknowledged reservation intact; a node paused with SIGSTOP past its session
+//! is fenced when it wakes. After the whole run the topic is replayed through
+//! `fence::valid_records` and crates/core: every acknowledged step is there, and
+//! conservation holds in every partition. Also: `docker-compose.yml` parses and
+//! its commands use the binary's real flags.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use reqwest::StatusCode;
+use reservoir_core::{try_apply, Partition, PartitionKey};
+use reservoir_log::fence::read_valid;
+use reservoir_log::kafka::{KafkaConfig, KafkaLog};
+use reservoir_log::EventLog;
+use serde_json::{json, Value};
+
+use crate::kafka::brokers;
+use crate::support::*;
+
+const SESSION_TIMEOUT_MS: &str = "6000";
+const PARTITIONS: u32 = 6;
+
+struct Node {
+    child: Child,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
+    let child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
+        .args([
+            "serve",
+            "--log",
+            "kafka",
+            "--brokers",
+            brokers,
+            "--topic",
+            topic,
+        ])
+        .args([
+            "--cluster-group",
+            &format!("{topic}.group"),
+            "--node-id",
+            id,
+        ])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--peers", peers])
+        .args(["--session-timeout-ms", SESSION_TIMEOUT_MS])
+        .args(["--topic-partitions", &PARTITIONS.to_string()])
+        .args(["--writer-shards", "2", "--sweep-interval-ms", "200"])
+        .env("RESERVOIR_LOG_LEVEL", "warn")
+        .stdout(Stdio::null())
+        .stderr(if std::env::var_os("RESERVOIR_TEST_VERBOSE").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .spawn()
+        .expect("spawn reservoir");
+    Node { child }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(40))
+        .build()
+        .unwrap()
+}
+
+/// Waits until `base` sees every partition served, by the nodes in `owners` only.
+async fn wait_served(http: &reqwest::Client, base: &str, owners: &[&str], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        if let Ok(r) = http.get(format!("{base}/v1/cluster")).send().await {
+            if let Ok(view) = r.json::<Value>().await {
+                let parts = view["partitions"].as_array().cloned().unwrap_or_default();
+                let ok = parts.len() == PARTITIONS as usize
+                    && parts.iter().all(|p| {
+                        p["state"] == "serving"
+                            && owners.contains(&p["node_id"].as_str().unwrap_or(""))
+                    });
+                if ok {
+                    return;
+                }
+                last = view;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("partitions not served by {owners:?} in {timeout:?}: {last:#}");
+}
+
+/// Posts with retries on 503 and connection errors (same id, as a client would).
+async fn post(http: &reqwest::Client, base: &str, path: &str, body: Value) -> (StatusCode, Value) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match http.post(format!("{base}{path}")).json(&body).send().await {
+            Ok(r) if r.status() != StatusCode::SERVICE_UNAVAILABLE => return split(r).await,
+            Ok(_) | Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Ok(r) => return split(r).await,
+            Err(e) => panic!("{base}{path}: {e}"),
+        }
+    }
+}
+
+/// What clients were told: id → (state, actual units).
+type Acked = BTreeMap<String, (String, Option<u64>)>;
+
+/// reserve → start → settle for `ids`, each step through a different node.
+async fn cycles(http: &reqwest::Client, bases: &[String], ids: &[String], acked: &mut Acked) {
+    for (i, id) in ids.iter().enumerate() {
+        let subject = format!("tenant-{}", i % 12);
+        let node = |k: usize| bases[(i + k) % bases.len()].clone();
+        let (s, r) = post(
+            http,
+            &node(0),
+            "/v1/reservations",
+            json!({"id": id, "subject": subject, "route": "chat", "units": 10}),
+        )
+        .await;
+        assert!(s.is_success(), "reserve {id}: {s} {r}");
+        acked.insert(id.clone(), ("RESERVED".into(), None));
+        if i % 3 == 0 {
+            continue;
+        }
+        let (s, r) = post(
+            http,
+            &node(1),
+            &format!("/v1/reservations/{id}/start"),
+            json!({"operation_id": format!("op-{id}")}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "start {id}: {r}");
+        acked.insert(id.clone(), ("STARTED".into(), None));
+        let (s, r) = post(
+            http,
+            &node(2),
+            &format!("/v1/reservations/{id}/settle"),
+            json!({"actual_units": 4}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "settle {id}: {r}");
+        assert_eq!(r["state"], "SETTLED");
+        acked.insert(id.clone(), ("SETTLED".into(), Some(4)));
+    }
+}
+
+/// Replays the whole topic through the one validity rule and crates/core;
+/// checks conservation everywhere and that every acknowledged step counts.
+async fn replay_and_check(brokers: &str, topic: &str, acked: &Acked) -> u64 {
+    let mut config = KafkaConfig::new(brokers, "cluster-test-reader");
+    config.topic = topic.to_string();
+    let log = KafkaLog::connect(config).await.expect("reader");
+    let mut partitions: HashMap<PartitionKey, Partition> = HashMap::new();
+    let mut skipped = 0u64;
+    for p in 0..log.log_partitions() {
+        let everything = log.end_offset(p).await.unwrap();
+        let (records, _validity) = read_valid(&log, p).await.expect("read_valid");
+        let claims_and_fenced = everything - records.len() as u64;
+        skipped += claims_and_fenced;
+        for (position, record) in records {
+            assert_eq!(log.log_partition_for(&record.key), p, "placement");
+            let partition = partitions.entry(record.key.clone()).or_default();
+            for event in &record.events {
+                try_apply(partition, event)
+                    .unwrap_or_else(|e| panic!("{position:?} {}: {e}", record.key));
+            }
+        }
+    }
+    let mut found: HashMap<String, (String, Option<u64>)> = HashMap::new();
+    for (key, partition) in &partitions {
+        partition
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("conservation broken in {key}: {e}"));
+        for (id, r) in &partition.reservations {
+            let state = format!("{:?}", r.state).to_uppercase();
+            found.insert(id.to_string(), (state, r.actual_units));
+        }
+    }
+    for (id, (state, actual)) in acked {
+        let (got_state, got_actual) = found
+            .get(id)
+            .unwrap_or_else(|| panic!("acknowledged {id} does not count in the log"));
+        // A later step may have been decided but not acknowledged (a retry
+        // answered 503): the log may be ahead of what the client was told.
+        let rank = |s: &str| match s {
+            "RESERVED" => 0,
+            "STARTED" => 1,
+            "SETTLED" => 2,
+            _ => 3,
+        };
+        assert!(
+            rank(got_state) >= rank(state),
+            "{id}: acknowledged {state}, log says {got_state}"
+        );
+        if state == "SETTLED" {
+            assert_eq!(got_actual, actual, "{id}");
+        }
+    }
+    skipped
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_split_route_fail_over_and_fence() {
+    let Some(brokers) = brokers() else { return };
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let topic = format!("reservoir.cluster-test.{}.{nanos}", std::process::id());
+    let ports = [free_port(), free_port(), free_port()];
+    let bases: Vec<String> = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let peers = bases.join(",");
+    let mut nodes: Vec<Option<Node>> = ["n1", "n2", "n3"]
+        .iter()
+        .zip(ports)
+        .map(|(id, port)| Some(spawn_node(&brokers, &topic, id, port, &peers)))
+        .collect();
+    let http = client();
+    wait_served(
+        &http,
+        &bases[0],
+        &["n1", "n2", "n3"],
+        Duration::from_secs(60),
+    )
+    .await;
+    // Every node holds some partitions.
+    let view: Value = http
+        .get(format!("{}/v1/cluster", bases[1]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for id in ["n1", "n2", "n3"] {
+        assert!(
+            view["partitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["node_id"] == id),
+            "{id} owns nothing: {view:#}"
+        );
+    }
+
+    // Policies published through one node, reservations through all: the
+    // answer is the owner's whichever node is asked.
+    for t in 0..12 {
+        let p = policy(&format!("tenant-{t}"), "chat", 1, 100_000, 0);
+        let (s, r) = post(
+            &http,
+            &bases[t % 3],
+            "/v1/policies",
+            json!({"accounting_epoch": "e", "policy": p}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{r}");
+    }
+    let mut acked = Acked::new();
+    let ids: Vec<String> = (0..36).map(|i| format!("a-{i}")).collect();
+    cycles(&http, &bases, &ids, &mut acked).await;
+    for (i, base) in bases.iter().enumerate() {
+        let (s, r) = split(
+            http.get(format!("{base}/v1/reservations/a-{}", i + 1))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{r}");
+    }
+
+    // SIGKILL n3: n1 and n2 take its partitions; everything acknowledged is there.
+    let killed = nodes[2].take().unwrap();
+    drop(killed);
+    let live = vec![bases[0].clone(), bases[1].clone()];
+    wait_served(&http, &bases[0], &["n1", "n2"], Duration::from_secs(60)).await;
+    for (id, (state, _)) in &acked {
+        let (s, r) = split(
+            http.get(format!("{}/v1/reservations/{id}", bases[1]))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{id} after the kill: {r}");
+        assert_eq!(&r["state"], state.as_str(), "{id}");
+    }
+    let ids: Vec<String> = (0..12).map(|i| format!("b-{i}")).collect();
+    cycles(&http, &live, &ids, &mut acked).await;
+
+    // SIGSTOP n2 past its session: n1 takes everything. Requests sent to n2
+    // meanwhile wait in its socket; when it wakes, whatever it answers 2xx must
+    // count in the log (checked by the replay below).
+    let n2_pid = nodes[1].as_ref().unwrap().child.id() as i32;
+    unsafe { libc::kill(n2_pid, libc::SIGSTOP) };
+    let stalled: Vec<_> = (0..6)
+        .map(|i| {
+            let http = http.clone();
+            let base = bases[1].clone();
+            tokio::spawn(async move {
+                let id = format!("z-{i}");
+                let body = json!({"id": id, "subject": format!("tenant-{i}"), "route": "chat", "units": 10});
+                let answer = http
+                    .post(format!("{base}/v1/reservations"))
+                    .json(&body)
+                    .send()
+                    .await;
+                match answer {
+                    Ok(r) => (id, Some(r.status())),
+                    Err(_) => (id, None),
+                }
+            })
+        })
+        .collect();
+    wait_served(&http, &bases[0], &["n1"], Duration::from_secs(60)).await;
+    let ids: Vec<String> = (0..6).map(|i| format!("c-{i}")).collect();
+    cycles(&http, &bases[..1], &ids, &mut acked).await;
+    unsafe { libc::kill(n2_pid, libc::SIGCONT) };
+    for task in stalled {
+        let (id, status) = task.await.unwrap();
+        if status.is_some_and(|s| s.is_success()) {
+            acked.insert(id, ("RESERVED".into(), None));
+        }
+    }
+    // n2 rejoins and gets partitions again; the cluster serves everything.
+    wait_served(&http, &bases[0], &["n1", "n2"], Duration::from_secs(60)).await;
+    let ids: Vec<String> = (0..12).map(|i| format!("d-{i}")).collect();
+    cycles(&http, &live, &ids, &mut acked).await;
+
+    drop(nodes);
+    let skipped = replay_and_check(&brokers, &topic, &acked).await;
+    eprintln!(
+        "cluster: {} acknowledged reservations all count; {skipped} claims or fenced records skipped",
+        acked.len()
+    );
+}
+
+/// `docker-compose.yml` parses, has Kafka in KRaft mode and two nodes whose
+/// commands the real `reservoir` command line accepts in cluster mode.
+#[test]
+fn docker_compose_uses_the_real_flags() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docker-compose.yml");
+    let text = std::fs::read_to_string(path).expect("docker-compose.yml at the repository root");
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("valid YAML");
+    let services = doc["services"].as_mapping().expect("services");
+    let kafka = &doc["services"]["kafka"];
+    assert!(kafka["image"].as_str().unwrap().starts_with("apache/kafka"));
+    assert_eq!(
+        kafka["environment"]["KAFKA_PROCESS_ROLES"].as_str(),
+        Some("broker,controller"),
+        "KRaft mode"
+    );
+    let mut nodes = 0;
+    for (name, service) in services {
+        let Some(command) = service["command"].as_sequence() else {
+            continue;
+        };
+        let args: Vec<String> = command
+            .iter()
+            .map(|a| a.as_str().expect("string args").to_string())
+            .collect();
+        if args.first().map(String::as_str) != Some("serve") {
+            continue;
+        }
+        nodes += 1;
+        let cli = reservoir_server::config::Cli::try_parse_from(
+            std::iter::once("reservoir".to_string()).chain(args.clone()),
+        )
+        .unwrap_or_else(|e| panic!("{name:?}: {e}"));
+        let reservoir_server::config::CliCommand::Serve(serve) = cli.command else {
+            panic!("{name:?} is not serve");
+        };
+        let config = serve.resolve().unwrap_or_else(|e| panic!("{name:?}: {e}"));
+        let cluster = config.cluster.expect("cluster mode");
+        assert_eq!(config.brokers.as_deref(), Some("kafka:9092"), "{name:?}");
+        assert_eq!(cluster.group, "reservoir", "{name:?}");
+        assert!(!cluster.peers.is_empty(), "{name:?}");
+        assert!(
+            service["depends_on"].as_mapping().is_some()
+                || service["depends_on"].as_sequence().is_some(),
+            "{name:?} waits for kafka"
+        );
+    }
+    assert_eq!(nodes, 2, "two reservoir nodes");
+}
