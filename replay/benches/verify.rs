@@ -87,6 +87,7 @@ impl Gen {
                     held_units: 100,
                     expires_at_ms: at_ms + 180_000,
                     shadow: None,
+                    sizing: None,
                 },
                 1 => EventBody::Started {
                     id,
@@ -101,6 +102,7 @@ impl Gen {
                     overdraft_units: 0,
                     overdraft_limit_breached: false,
                     from_usage_unknown: false,
+                    usage: None,
                 },
                 _ if cycle.is_multiple_of(10) => EventBody::AdmissionRefused {
                     id: ReservationId::new(format!("x-{cycle}")).unwrap(),

@@ -13,7 +13,8 @@
 
 use reservoir_core::{
     CapacityUnit, EmergencyMode, Event, EventBody, MoveId, OperationId, PartitionKey, Policy,
-    RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId,
+    RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing,
+    SizingRule, Usage,
 };
 use reservoir_log::codec::{self, CLAIM_ID, ENVELOPE_ID, MAGIC_BYTE};
 use reservoir_log::{Claim, LogEntry, Record};
@@ -71,7 +72,9 @@ pub fn peek_key(bytes: &[u8]) -> Option<PartitionKey> {
         return None;
     }
     let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-    if id != ENVELOPE_ID {
+    // Every Envelope version starts with the partition key.
+    let envelope = format!("{}.Envelope", codec::NAMESPACE);
+    if codec::registry().get(id)?.subject != envelope {
         return None;
     }
     Reader {
@@ -205,6 +208,28 @@ impl Reader<'_> {
         })
     }
 
+    /// A `Usage`; a value the core would refuse goes to the canonical decoder.
+    fn usage(&mut self) -> Option<Usage> {
+        let usage = Usage {
+            model: match self.index(2)? {
+                0 => None,
+                _ => Some(self.string()?),
+            },
+            output_tokens: self.opt_u64()?,
+            counted_input_tokens: self.opt_u64()?,
+            reported_input_tokens: self.opt_u64()?,
+        };
+        usage.validate().ok()?;
+        Some(usage)
+    }
+
+    fn opt_u64(&mut self) -> Option<Option<u64>> {
+        Some(match self.index(2)? {
+            0 => None,
+            _ => Some(self.u64()?),
+        })
+    }
+
     fn body(&mut self) -> Option<EventBody> {
         Some(match self.index(15)? {
             0 => EventBody::PartitionOpened {
@@ -230,6 +255,21 @@ impl Reader<'_> {
                         1 => ShadowVerdict::WouldRefuseInsufficientCapacity,
                         2 => ShadowVerdict::WouldRefuseDebtOutstanding,
                         _ => ShadowVerdict::WouldRefuseRequestTooLarge,
+                    }),
+                },
+                sizing: match self.index(2)? {
+                    0 => None,
+                    _ => Some(Sizing {
+                        units: self.u64()?,
+                        input_units: self.u64()?,
+                        output_units: self.u64()?,
+                        rule: match self.index(5)? {
+                            0 => SizingRule::MaxTokens,
+                            1 => SizingRule::RouteDefaultMaxTokens,
+                            2 => SizingRule::RouteQuantile,
+                            3 => SizingRule::SiblingQuantile,
+                            _ => SizingRule::ColdCeiling,
+                        },
                     }),
                 },
             },
@@ -259,6 +299,10 @@ impl Reader<'_> {
                 overdraft_units: self.u64()?,
                 overdraft_limit_breached: self.boolean()?,
                 from_usage_unknown: self.boolean()?,
+                usage: match self.index(2)? {
+                    0 => None,
+                    _ => Some(self.usage()?),
+                },
             },
             6 => EventBody::Released {
                 id: self.reservation_id()?,

@@ -52,6 +52,7 @@ fn cycles(pool: usize) -> Vec<[Command; 3]> {
                     id: id.clone(),
                     digest: RequestDigest([7; 32]),
                     units: 100,
+                    sizing: None,
                 },
                 Command::Start {
                     id: id.clone(),
@@ -61,6 +62,7 @@ fn cycles(pool: usize) -> Vec<[Command; 3]> {
                     id,
                     operation_id: Some(operation_id),
                     actual_units: 60,
+                    usage: None,
                 },
             ]
         })

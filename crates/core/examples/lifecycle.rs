@@ -18,6 +18,7 @@ fn main() {
                 id: id("rl-1"),
                 digest: RequestDigest([1; 32]),
                 units: 4_000,
+                sizing: None,
             },
         ),
         (
@@ -33,6 +34,7 @@ fn main() {
                 id: id("rl-1"),
                 operation_id: Some(op),
                 actual_units: 1_850,
+                usage: None,
             },
         ),
         (
@@ -41,6 +43,7 @@ fn main() {
                 id: id("rl-2"),
                 digest: RequestDigest([2; 32]),
                 units: 9_000,
+                sizing: None,
             },
         ),
         (
@@ -49,6 +52,7 @@ fn main() {
                 id: id("rl-1"),
                 digest: RequestDigest([1; 32]),
                 units: 4_000,
+                sizing: None,
             },
         ),
     ];

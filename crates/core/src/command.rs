@@ -3,9 +3,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
+use crate::sizing::Sizing;
 use crate::types::{
     MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
 };
+use crate::usage::Usage;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -17,6 +19,10 @@ pub enum Command {
         id: ReservationId,
         digest: RequestDigest,
         units: Units,
+        /// How `units` was sized, when the server sized it (recorded in the
+        /// `Reserved` event; `sizing.units` must equal `units`).
+        #[serde(default)]
+        sizing: Option<Sizing>,
     },
     /// RESERVED → STARTED, binding the executor's operation id.
     Start {
@@ -29,6 +35,10 @@ pub enum Command {
         id: ReservationId,
         operation_id: Option<OperationId>,
         actual_units: Units,
+        /// What the call used, as counted and reported (recorded in the
+        /// `Settled` event, never moved: the ledger uses `actual_units`).
+        #[serde(default)]
+        usage: Option<Usage>,
     },
     /// Give back an unstarted reservation.
     Release { id: ReservationId },

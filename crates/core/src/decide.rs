@@ -14,6 +14,7 @@ use crate::policy::{EmergencyMode, Policy, MAX_UNITS};
 use crate::rejection::{InvalidInput, Rejection, Transition};
 use crate::reservation::{Reservation, ReservationState, ShadowVerdict};
 use crate::types::{ReservationId, TimestampMs, Units};
+use crate::usage::Usage;
 
 type Decision = Result<Vec<EventBody>, Rejection>;
 
@@ -150,8 +151,19 @@ fn decide_open(
 ) -> Decision {
     match command {
         Command::OpenPartition { .. } => unreachable!("handled by decide"),
-        Command::Reserve { id, digest, units } => {
+        Command::Reserve {
+            id,
+            digest,
+            units,
+            sizing,
+        } => {
             check_units(*units)?;
+            if sizing.is_some_and(|s| s.units != *units) {
+                return Err(InvalidInput::Policy {
+                    field: "sizing.units",
+                }
+                .into());
+            }
             if let Some(existing) = partition.reservation(id) {
                 return if existing.digest == *digest {
                     Ok(vec![])
@@ -189,6 +201,7 @@ fn decide_open(
                 held_units,
                 expires_at_ms,
                 shadow,
+                sizing: *sizing,
             };
             Ok(refill.into_iter().chain([reserved]).collect())
         }
@@ -217,7 +230,11 @@ fn decide_open(
             id,
             operation_id,
             actual_units,
+            usage,
         } => {
+            if let Some(usage) = usage {
+                usage.validate()?;
+            }
             if *actual_units > MAX_UNITS {
                 return Err(InvalidInput::AbsurdUnits {
                     units: *actual_units,
@@ -241,13 +258,23 @@ fn decide_open(
                         }),
                     }
                 }
-                ReservationState::Started => {
-                    Ok(vec![settle(partition, policy, r, *actual_units, false)])
-                }
+                ReservationState::Started => Ok(vec![settle(
+                    partition,
+                    policy,
+                    r,
+                    *actual_units,
+                    usage,
+                    false,
+                )]),
                 // Only an operation receipt resolves UNKNOWN: it must name the operation.
-                ReservationState::UsageUnknown if operation_id.is_some() => {
-                    Ok(vec![settle(partition, policy, r, *actual_units, true)])
-                }
+                ReservationState::UsageUnknown if operation_id.is_some() => Ok(vec![settle(
+                    partition,
+                    policy,
+                    r,
+                    *actual_units,
+                    usage,
+                    true,
+                )]),
                 _ => Err(wrong_state(r, Transition::Settle)),
             }
         }
@@ -575,6 +602,7 @@ fn settle(
     policy: &Policy,
     r: &Reservation,
     actual: Units,
+    usage: &Option<Usage>,
     from_usage_unknown: bool,
 ) -> EventBody {
     let held = r.held_units;
@@ -595,5 +623,6 @@ fn settle(
         overdraft_limit_breached: overdraft_units > 0
             && debt_after > u128::from(policy.max_overdraft_units),
         from_usage_unknown,
+        usage: usage.clone(),
     }
 }

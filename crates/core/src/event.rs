@@ -6,9 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
 use crate::reservation::ShadowVerdict;
+use crate::sizing::Sizing;
 use crate::types::{
     MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
 };
+use crate::usage::Usage;
 
 /// One fact in one partition's history.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +52,9 @@ pub enum EventBody {
         held_units: Units,
         expires_at_ms: TimestampMs,
         shadow: Option<ShadowVerdict>,
+        /// How `reserved_units` was sized, when the server sized it.
+        #[serde(default)]
+        sizing: Option<Sizing>,
     },
     /// A limit refusal, kept so efficiency and refusal patterns can be diagnosed.
     /// Moves no capacity.
@@ -75,6 +80,9 @@ pub enum EventBody {
         overdraft_limit_breached: bool,
         /// Resolved a USAGE_UNKNOWN with an operation receipt.
         from_usage_unknown: bool,
+        /// The usage breakdown the settle reported (not part of conservation).
+        #[serde(default)]
+        usage: Option<Usage>,
     },
     Released {
         id: ReservationId,

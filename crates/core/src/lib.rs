@@ -24,9 +24,9 @@
 //! let id = ReservationId::new("rl-01").unwrap();
 //! for (now, cmd) in [
 //!     (0, Command::OpenPartition { key, policy }),
-//!     (1, Command::Reserve { id: id.clone(), digest: RequestDigest([7; 32]), units: 600 }),
+//!     (1, Command::Reserve { id: id.clone(), digest: RequestDigest([7; 32]), units: 600, sizing: None }),
 //!     (2, Command::Start { id: id.clone(), operation_id: OperationId::new("op-1").unwrap() }),
-//!     (3, Command::Settle { id: id.clone(), operation_id: None, actual_units: 200 }),
+//!     (3, Command::Settle { id: id.clone(), operation_id: None, actual_units: 200, usage: None }),
 //! ] {
 //!     for event in decide(&p, &cmd, now).unwrap() {
 //!         apply(&mut p, &event);
@@ -47,6 +47,7 @@ pub mod rejection;
 pub mod reservation;
 pub mod sizing;
 pub mod types;
+pub mod usage;
 
 pub use command::Command;
 pub use decide::{decide, refusal_event};
@@ -60,3 +61,4 @@ pub use sizing::{size_reservation, EstimatorConfig, RouteEstimate, Sizing, Sizin
 pub use types::{
     MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
 };
+pub use usage::Usage;

@@ -297,6 +297,7 @@ fn new_record(body: &EventBody, at: TimestampMs) -> Result<Reservation, ApplyErr
         held_units,
         expires_at_ms,
         shadow,
+        sizing: _,
     } = body
     else {
         unreachable!("called for Reserved only");

@@ -76,6 +76,7 @@ fn records(claim: &Claim, count: usize, first_sequence: u64) -> Vec<Record> {
                         held_units: 600,
                         expires_at_ms: 1_784_469_780_000 + sequence,
                         shadow: None,
+                        sizing: None,
                     },
                 }],
             }

@@ -24,7 +24,8 @@ use apache_avro::schema::Schema;
 use apache_avro::types::Value;
 use reservoir_core::{
     CapacityUnit, EmergencyMode, Event, EventBody, MoveId, OperationId, PartitionKey, Policy,
-    RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId,
+    RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing,
+    SizingRule, Usage,
 };
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -43,8 +44,9 @@ pub const MAX_VALUE_BYTES: usize = 1 << 20;
 /// Most events one record (one command) may carry.
 pub const MAX_EVENTS_PER_RECORD: usize = 4096;
 
-/// Current schema id of `io.reservoir.v1.Envelope` (a [`Record`]).
-pub const ENVELOPE_ID: u32 = 1;
+/// Current schema id of `io.reservoir.v1.Envelope` (a [`Record`]). Id 1, the
+/// first version, stays readable: its values decode with `usage`/`sizing` null.
+pub const ENVELOPE_ID: u32 = 6;
 /// Current schema id of `io.reservoir.v1.Claim`.
 pub const CLAIM_ID: u32 = 2;
 
@@ -65,6 +67,12 @@ pub const SCHEMA_SOURCES: &[(&str, &str)] = &[
         "ShadowVerdict",
         include_str!("../../../schemas/ShadowVerdict.avsc"),
     ),
+    (
+        "SizingRule",
+        include_str!("../../../schemas/SizingRule.avsc"),
+    ),
+    ("Sizing", include_str!("../../../schemas/Sizing.avsc")),
+    ("Usage", include_str!("../../../schemas/Usage.avsc")),
     (
         "AdmissionBudget",
         include_str!("../../../schemas/AdmissionBudget.avsc"),
@@ -138,6 +146,11 @@ pub const REGISTERED_SCHEMAS: &[(u32, &str)] = &[
     (
         5,
         include_str!("../../../schemas/registered/5-EmergencyShard.avsc"),
+    ),
+    // Envelope v2: Settled.usage and Reserved.sizing (optional, default null).
+    (
+        6,
+        include_str!("../../../schemas/registered/6-Envelope.avsc"),
     ),
 ];
 
@@ -861,6 +874,7 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
             held_units,
             expires_at_ms,
             shadow,
+            sizing,
         } => {
             put_str(out, id.as_str());
             out.extend_from_slice(&digest.0);
@@ -872,6 +886,16 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
                 Some(v) => {
                     put_long(out, 1);
                     put_long(out, shadow_index(*v));
+                }
+            }
+            match sizing {
+                None => put_long(out, 0),
+                Some(s) => {
+                    put_long(out, 1);
+                    put_u64(out, "sizing.units", s.units)?;
+                    put_u64(out, "sizing.inputUnits", s.input_units)?;
+                    put_u64(out, "sizing.outputUnits", s.output_units)?;
+                    put_long(out, sizing_rule_index(s.rule));
                 }
             }
         }
@@ -903,6 +927,7 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
             overdraft_units,
             overdraft_limit_breached,
             from_usage_unknown,
+            usage,
         } => {
             put_str(out, id.as_str());
             put_u64(out, "actualUnits", *actual_units)?;
@@ -911,6 +936,22 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
             put_u64(out, "overdraftUnits", *overdraft_units)?;
             put_bool(out, *overdraft_limit_breached);
             put_bool(out, *from_usage_unknown);
+            match usage {
+                None => put_long(out, 0),
+                Some(u) => {
+                    put_long(out, 1);
+                    match &u.model {
+                        None => put_long(out, 0),
+                        Some(m) => {
+                            put_long(out, 1);
+                            put_str(out, m);
+                        }
+                    }
+                    put_opt_u64(out, "usage.outputTokens", u.output_tokens)?;
+                    put_opt_u64(out, "usage.countedInputTokens", u.counted_input_tokens)?;
+                    put_opt_u64(out, "usage.reportedInputTokens", u.reported_input_tokens)?;
+                }
+            }
         }
         EventBody::Released { id, refunded_units } | EventBody::Expired { id, refunded_units } => {
             put_str(out, id.as_str());
@@ -999,6 +1040,16 @@ fn shadow_index(v: ShadowVerdict) -> i64 {
         ShadowVerdict::WouldRefuseInsufficientCapacity => 1,
         ShadowVerdict::WouldRefuseDebtOutstanding => 2,
         ShadowVerdict::WouldRefuseRequestTooLarge => 3,
+    }
+}
+
+fn sizing_rule_index(v: SizingRule) -> i64 {
+    match v {
+        SizingRule::MaxTokens => 0,
+        SizingRule::RouteDefaultMaxTokens => 1,
+        SizingRule::RouteQuantile => 2,
+        SizingRule::SiblingQuantile => 3,
+        SizingRule::ColdCeiling => 4,
     }
 }
 
@@ -1328,6 +1379,12 @@ fn read_body(
                 Value::Enum(_, s) => Some(shadow_from(&s)?),
                 other => return Err(shape("Reserved.shadow", format!("{other:?}"))),
             },
+            // Absent from values under older ids: resolution fills in null.
+            sizing: match unwrap_union(f.take("Reserved.sizing")?) {
+                Value::Null => None,
+                Value::Record(fields) => Some(read_sizing(Fields(fields))?),
+                other => return Err(shape("Reserved.sizing", format!("{other:?}"))),
+            },
         },
         "AdmissionRefused" => EventBody::AdmissionRefused {
             id: f.reservation_id("AdmissionRefused.id")?,
@@ -1354,6 +1411,11 @@ fn read_body(
             overdraft_units: f.u64("Settled.overdraftUnits")?,
             overdraft_limit_breached: f.boolean("Settled.overdraftLimitBreached")?,
             from_usage_unknown: f.boolean("Settled.fromUsageUnknown")?,
+            usage: match unwrap_union(f.take("Settled.usage")?) {
+                Value::Null => None,
+                Value::Record(fields) => Some(read_usage(Fields(fields))?),
+                other => return Err(shape("Settled.usage", format!("{other:?}"))),
+            },
         },
         "Released" => EventBody::Released {
             id: f.reservation_id("Released.id")?,
@@ -1401,6 +1463,37 @@ fn read_body(
         other => return Err(shape("Event.body", format!("unknown branch {other}"))),
     };
     Ok(body)
+}
+
+fn read_sizing(mut f: Fields) -> Result<Sizing, CodecError> {
+    Ok(Sizing {
+        units: f.u64("Sizing.units")?,
+        input_units: f.u64("Sizing.inputUnits")?,
+        output_units: f.u64("Sizing.outputUnits")?,
+        rule: match f.symbol("Sizing.rule")?.as_str() {
+            "MAX_TOKENS" => SizingRule::MaxTokens,
+            "ROUTE_DEFAULT_MAX_TOKENS" => SizingRule::RouteDefaultMaxTokens,
+            "ROUTE_QUANTILE" => SizingRule::RouteQuantile,
+            "SIBLING_QUANTILE" => SizingRule::SiblingQuantile,
+            "COLD_CEILING" => SizingRule::ColdCeiling,
+            s => return Err(shape("Sizing.rule", s.to_string())),
+        },
+    })
+}
+
+fn read_usage(mut f: Fields) -> Result<Usage, CodecError> {
+    let usage = Usage {
+        model: match unwrap_union(f.take("Usage.model")?) {
+            Value::Null => None,
+            Value::String(s) => Some(s),
+            other => return Err(shape("Usage.model", format!("{other:?}"))),
+        },
+        output_tokens: f.opt_u64("Usage.outputTokens")?,
+        counted_input_tokens: f.opt_u64("Usage.countedInputTokens")?,
+        reported_input_tokens: f.opt_u64("Usage.reportedInputTokens")?,
+    };
+    usage.validate().map_err(|e| invalid("Usage", e))?;
+    Ok(usage)
 }
 
 fn shadow_from(s: &str) -> Result<ShadowVerdict, CodecError> {

@@ -592,6 +592,7 @@ pub async fn settle(
         id,
         operation_id,
         actual_units,
+        usage: None,
     })
     .await
 }

@@ -784,7 +784,16 @@ impl Shard {
                         self.rejected(&key, Rejection::ExistsWithDifferentDigest { id })
                     ));
                 }
-                self.act(batch, key, Command::Reserve { id, digest, units })
+                self.act(
+                    batch,
+                    key,
+                    Command::Reserve {
+                        id,
+                        digest,
+                        units,
+                        sizing: None,
+                    },
+                )
             }
             Request::Act { key, command } => self.act(batch, key, command),
             Request::Get { key, id } => Pending::Ready(self.get(batch, &key, &id)),

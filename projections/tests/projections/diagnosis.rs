@@ -93,6 +93,7 @@ async fn diagnosis_names_the_cause() {
                 id,
                 operation_id: None,
                 actual_units: actual,
+                usage: None,
             };
             driver
                 .submit(&key(tenants[i].name, "summarize"), settle, now)
@@ -108,6 +109,7 @@ async fn diagnosis_names_the_cause() {
                     id: id.clone(),
                     digest: RequestDigest([0; 32]),
                     units: tenant.reserve_units,
+                    sizing: None,
                 };
                 if driver.submit(&key, reserve, now).is_err() {
                     continue;

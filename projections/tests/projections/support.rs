@@ -237,6 +237,7 @@ impl Mixed {
             id: id.clone(),
             digest: digest(n),
             units,
+            sizing: None,
         };
         if driver.submit(key, command, now).is_err() {
             return;
@@ -249,6 +250,7 @@ impl Mixed {
             id: id.clone(),
             operation_id: None,
             actual_units,
+            usage: None,
         };
         let r = self.round;
         let mut at = |round: u64, command: Command| {

@@ -44,6 +44,7 @@ pub fn reserve(id: &str, d: u8, units: Units) -> Command {
         id: rid(id),
         digest: digest(d),
         units,
+        sizing: None,
     }
 }
 pub fn start(id: &str, operation: &str) -> Command {
@@ -57,6 +58,7 @@ pub fn settle(id: &str, operation: Option<&str>, actual_units: Units) -> Command
         id: rid(id),
         operation_id: operation.map(op),
         actual_units,
+        usage: None,
     }
 }
 pub fn release(id: &str) -> Command {

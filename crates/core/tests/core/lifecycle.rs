@@ -156,6 +156,7 @@ fn usage_unknown_keeps_capacity_until_an_operation_receipt() {
             overdraft_units: 0,
             overdraft_limit_breached: false,
             from_usage_unknown: true,
+            usage: None,
         }
     );
     assert_eq!(
@@ -166,4 +167,78 @@ fn usage_unknown_keeps_capacity_until_an_operation_receipt() {
         ),
         (ReservationState::Settled, 0, 300)
     );
+}
+
+/// Usage and sizing are recorded, never moved: the ledger is what it would be
+/// without them, and malformed ones are refused before any state is read.
+#[test]
+fn usage_and_sizing_are_recorded_beside_the_amounts() {
+    let mut h = Harness::new();
+    let sizing = Sizing {
+        units: 1_500,
+        input_units: 500,
+        output_units: 1_000,
+        rule: SizingRule::MaxTokens,
+    };
+    let with_sizing = |units| Command::Reserve {
+        id: rid("r"),
+        digest: digest(1),
+        units,
+        sizing: Some(Sizing { units, ..sizing }),
+    };
+    // sizing.units must be the reserved units.
+    let mismatched = Command::Reserve {
+        id: rid("r"),
+        digest: digest(1),
+        units: 1_500,
+        sizing: Some(Sizing { units: 9, ..sizing }),
+    };
+    assert!(matches!(h.rejected(mismatched), Rejection::InvalidInput(_)));
+    let events = h.ok(with_sizing(1_500));
+    assert!(matches!(
+        &events.last().unwrap().body,
+        EventBody::Reserved { sizing: Some(s), reserved_units: 1_500, .. } if *s == sizing
+    ));
+    h.ok(start("r", "op-1"));
+    let usage = Usage {
+        model: Some("model-a".into()),
+        output_tokens: Some(700),
+        counted_input_tokens: Some(500),
+        reported_input_tokens: Some(517),
+    };
+    let settle_with = |usage: Usage| Command::Settle {
+        id: rid("r"),
+        operation_id: None,
+        actual_units: 1_217,
+        usage: Some(usage),
+    };
+    #[rustfmt::skip]
+    let refused = [
+        Usage { model: Some(String::new()), ..usage.clone() },
+        Usage { model: Some("a|b".into()), ..usage.clone() },
+        Usage { output_tokens: Some(u64::MAX), ..usage.clone() },
+        Usage { reported_input_tokens: Some(u64::MAX), ..usage.clone() },
+    ];
+    for bad in refused {
+        assert!(matches!(
+            h.rejected(settle_with(bad)),
+            Rejection::InvalidInput(_)
+        ));
+    }
+    let events = h.ok(settle_with(usage.clone()));
+    match &events[0].body {
+        EventBody::Settled {
+            actual_units,
+            refunded_units,
+            usage: recorded,
+            ..
+        } => assert_eq!(
+            (*actual_units, *refunded_units, recorded),
+            (1_217, 283, &Some(usage))
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.ledger().spent_units, 1_217);
+    // A repeated settle is a no-op whatever usage it carries.
+    h.noop(settle_with(Usage::default()));
 }

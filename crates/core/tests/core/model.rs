@@ -180,7 +180,12 @@ impl Model {
     fn step(&mut self, command: &Command, now: u64) -> Outcome {
         let p = self.policy.clone();
         match command {
-            Command::Reserve { id, digest, units } => {
+            Command::Reserve {
+                id,
+                digest,
+                units,
+                sizing: _,
+            } => {
                 if *units == 0 {
                     return Refused("invalid_input");
                 }
@@ -246,6 +251,7 @@ impl Model {
                 id,
                 operation_id,
                 actual_units,
+                usage: _,
             } => {
                 let Some(r) = self.records.get(id).cloned() else {
                     return Refused("unknown_reservation");
@@ -387,6 +393,7 @@ fn to_command(op: &Op, model: &Model, previous: &Option<Command>) -> Command {
             id: id(*n),
             digest: digest(*d),
             units: *units,
+            sizing: None,
         },
         Op::Start { id: n, op } => Command::Start {
             id: id(*n),
@@ -402,6 +409,7 @@ fn to_command(op: &Op, model: &Model, previous: &Option<Command>) -> Command {
                 id: id(*n),
                 operation_id: op.map(operation),
                 actual_units,
+                usage: None,
             }
         }
         Op::Release { id: n } => Command::Release { id: id(*n) },

@@ -42,6 +42,7 @@ fn settle_takes_from_available_first_and_the_rest_is_overdraft() {
             overdraft_units: overdraft,
             overdraft_limit_breached: breach,
             from_usage_unknown: false,
+            usage: None,
         };
         assert_eq!(
             events.iter().map(|e| &e.body).collect::<Vec<_>>(),

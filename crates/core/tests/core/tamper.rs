@@ -33,6 +33,7 @@ fn settled(
         overdraft_units: overdraft,
         overdraft_limit_breached: false,
         from_usage_unknown: from_unknown,
+        usage: None,
     }
 }
 
@@ -44,6 +45,7 @@ fn reserved(id: &str, reserved_units: Units, held_units: Units) -> EventBody {
         held_units,
         expires_at_ms: 1_000_000,
         shadow: None,
+        sizing: None,
     }
 }
 

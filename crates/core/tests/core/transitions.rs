@@ -261,6 +261,7 @@ fn every_event_move_from_every_state() {
                         overdraft_units: u64::from(debt),
                         overdraft_limit_breached: false,
                         from_usage_unknown: from == UsageUnknown,
+                        usage: None,
                     }
                 }
                 Released => EventBody::Released {

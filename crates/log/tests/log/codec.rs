@@ -426,6 +426,17 @@ fn enum_symbols_match_rust_enums() {
         symbols("ReservationState"),
         serde_upper(&ReservationState::ALL)
     );
+    use reservoir_core::SizingRule as R;
+    assert_eq!(
+        symbols("SizingRule"),
+        serde_upper(&[
+            R::MaxTokens,
+            R::RouteDefaultMaxTokens,
+            R::RouteQuantile,
+            R::SiblingQuantile,
+            R::ColdCeiling
+        ])
+    );
 }
 
 // --- Registry and evolution ---------------------------------------------------
@@ -627,6 +638,54 @@ fn values_under_an_older_id_decode_after_an_evolution() {
     }
 }
 
+/// Records written under Envelope id 1 (before `Settled.usage` and
+/// `Reserved.sizing` existed) still decode, with both `None`: the bytes are
+/// produced by apache-avro under the registered id-1 schema, from the current
+/// value with the new fields taken out.
+#[test]
+fn id_1_values_decode_with_usage_and_sizing_none() {
+    fn strip(v: apache_avro::types::Value) -> apache_avro::types::Value {
+        use apache_avro::types::Value as V;
+        match v {
+            V::Record(fields) => V::Record(
+                fields
+                    .into_iter()
+                    .filter(|(n, _)| n != "usage" && n != "sizing")
+                    .map(|(n, v)| (n, strip(v)))
+                    .collect(),
+            ),
+            V::Union(i, inner) => V::Union(i, Box::new(strip(*inner))),
+            V::Array(items) => V::Array(items.into_iter().map(strip).collect()),
+            other => other,
+        }
+    }
+    let v1 = &codec::registry().get(1).unwrap().schema;
+    let mut with_new_fields = 0;
+    for entry in every_entry() {
+        let LogEntry::Record(record) = &entry else {
+            continue;
+        };
+        let bytes = codec::encode(&entry).unwrap();
+        let (_, value) = codec::decode_value(&bytes).unwrap();
+        let mut old = vec![0, 0, 0, 0, 1];
+        old.extend(apache_avro::to_avro_datum(v1, strip(value)).unwrap());
+        let mut expected = record.clone();
+        for e in &mut expected.events {
+            match &mut e.body {
+                reservoir_core::EventBody::Settled { usage, .. } => {
+                    with_new_fields += usize::from(usage.take().is_some())
+                }
+                reservoir_core::EventBody::Reserved { sizing, .. } => {
+                    with_new_fields += usize::from(sizing.take().is_some())
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(codec::decode(&old).unwrap(), LogEntry::Record(expected));
+    }
+    assert!(with_new_fields > 0, "the fixtures exercise the new fields");
+}
+
 /// The fingerprint header is what a spec-following client computes from the
 /// registered `.avsc`: the expected values below come from fastavro 1.13
 /// (`to_parsing_canonical_form`, sha256), and are recomputed with it when
@@ -653,6 +712,10 @@ fn fingerprints_follow_the_spec_canonical_form() {
         (
             5,
             "ad222f407fb17f1f002f976ff8f15161b181a4435dadb72469c58ca169654594",
+        ),
+        (
+            6,
+            "07b82f162f1b2c68a3a3ab8fa4f6de5a5a9f41bf3a72ba4843e7caab167b08c2",
         ),
     ];
     for (id, hex) in expected {
@@ -730,10 +793,10 @@ fn keys_and_headers() {
     let headers: BTreeMap<_, _> = codec::headers(&entry).into_iter().collect();
     assert_eq!(headers[codec::HEADER_ENTRY_KIND], "record");
     assert_eq!(headers[codec::HEADER_EVENT_TYPES], "Reserved,Released");
-    assert_eq!(headers[codec::HEADER_SCHEMA_ID], "1");
+    assert_eq!(headers[codec::HEADER_SCHEMA_ID], "6");
     assert_eq!(
         headers[codec::HEADER_SCHEMA_FINGERPRINT],
-        codec::registry().get(1).unwrap().fingerprint
+        codec::registry().get(6).unwrap().fingerprint
     );
 
     let claim = fixtures::claim("node-a", 4);

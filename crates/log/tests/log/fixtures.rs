@@ -2,7 +2,7 @@
 
 use reservoir_core::{
     Event, EventBody, MoveId, OperationId, PartitionKey, Policy, RefusalReason, RequestDigest,
-    ReservationId, ShadowVerdict, ShardId,
+    ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
 };
 use reservoir_log::{Claim, LogEntry, Record};
 
@@ -36,6 +36,7 @@ pub fn every_body() -> Vec<EventBody> {
             held_units: 600,
             expires_at_ms: 1_784_469_780_000,
             shadow: None,
+            sizing: None,
         },
         EventBody::Reserved {
             id: rid("rl-02"),
@@ -44,6 +45,26 @@ pub fn every_body() -> Vec<EventBody> {
             held_units: 0,
             expires_at_ms: i64::MAX as u64,
             shadow: Some(ShadowVerdict::WouldRefuseInsufficientCapacity),
+            sizing: Some(Sizing {
+                units: 9_000,
+                input_units: 517,
+                output_units: 8_483,
+                rule: SizingRule::SiblingQuantile,
+            }),
+        },
+        EventBody::Reserved {
+            id: rid("rl-02b"),
+            digest: RequestDigest([0x72; 32]),
+            reserved_units: 4_500,
+            held_units: 4_500,
+            expires_at_ms: 1_784_469_780_000,
+            shadow: None,
+            sizing: Some(Sizing {
+                units: 4_500,
+                input_units: 500,
+                output_units: 4_000,
+                rule: SizingRule::MaxTokens,
+            }),
         },
         EventBody::AdmissionRefused {
             id: rid("rl-03"),
@@ -70,6 +91,32 @@ pub fn every_body() -> Vec<EventBody> {
             overdraft_units: 50,
             overdraft_limit_breached: true,
             from_usage_unknown: false,
+            usage: None,
+        },
+        EventBody::Settled {
+            id: rid("rl-02b"),
+            actual_units: 2_340,
+            refunded_units: 2_160,
+            from_available_units: 0,
+            overdraft_units: 0,
+            overdraft_limit_breached: false,
+            from_usage_unknown: true,
+            usage: Some(Usage {
+                model: Some("claude-sonnet-4@2025".into()),
+                output_tokens: Some(1_823),
+                counted_input_tokens: Some(500),
+                reported_input_tokens: Some(517),
+            }),
+        },
+        EventBody::Settled {
+            id: rid("rl-02c"),
+            actual_units: 7,
+            refunded_units: 0,
+            from_available_units: 0,
+            overdraft_units: 0,
+            overdraft_limit_breached: false,
+            from_usage_unknown: false,
+            usage: Some(Usage::default()),
         },
         EventBody::Released {
             id: rid("rl-05"),
@@ -155,6 +202,7 @@ pub fn record(
                     held_units: 600,
                     expires_at_ms: 1_784_469_780_000 + sequence,
                     shadow: None,
+                    sizing: None,
                 }
             } else {
                 EventBody::Released {

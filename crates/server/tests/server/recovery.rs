@@ -296,6 +296,7 @@ async fn records_of_a_fenced_writer_do_not_count() {
         id: id.clone(),
         digest: RequestDigest([1; 32]),
         units: 10,
+        sizing: None,
     };
     log.append(vec![record(&old, decide(&p, &reserve, 2).unwrap())])
         .await
