@@ -21,10 +21,11 @@
 //! - [`store::dump`] lists every logical key/value: the same log gives the same
 //!   bytes, whether projected live in many steps or rebuilt in one go.
 //!
-//! Not yet in the events, so not yet projected: the model of a call (every
-//! sample is model `default`), the output/input split of a settlement (the
-//! digests sample `actual_units`), and provider-reported input (the input-drift
-//! column family and its code path exist but stay empty).
+//! Digests sample the output tokens a settle's `usage` reports, under its
+//! model; a settle without reported output tokens (and every settle written
+//! before usage existed) samples its whole `actual_units` under model
+//! `default`. Input drift comes from settles reporting both counted and
+//! provider-reported input.
 
 use reservoir_log::{LogError, Position};
 use thiserror::Error;

@@ -257,8 +257,8 @@ impl EfficiencyHistogram {
     }
 }
 
-/// Counted vs provider-reported input per route. No event reports provider input
-/// yet, so this stays empty until the settle event carries both.
+/// Counted vs provider-reported input per route, summed over the settles whose
+/// usage reports both.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputDrift {
     pub samples: u64,

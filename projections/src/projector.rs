@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use reservoir_core::{try_apply, Event, EventBody, PartitionKey, ReservationId};
+use reservoir_core::{try_apply, Event, EventBody, PartitionKey, ReservationId, Usage};
 use reservoir_log::fence::{valid_records, Validity};
 use reservoir_log::{Claim, EventLog, LogEntry, Position, Record};
 use rocksdb::{WriteBatch, WriteOptions, DB};
@@ -500,7 +500,10 @@ fn derive(
             );
         }
         EventBody::Settled {
-            id, actual_units, ..
+            id,
+            actual_units,
+            usage,
+            ..
         } => {
             let reserved_units = proj
                 .partition
@@ -511,11 +514,9 @@ fn derive(
                 .observe(*actual_units, reserved_units);
             work.histogram(db, store::EFFICIENCY_BY_TENANT, &key.subject)?
                 .observe(*actual_units, reserved_units);
-            // Events carry neither the model nor an input/output split yet: the
-            // whole settled amount is the sample, under model "default".
-            let digest_key =
-                store::digest_key(&key.route, store::DEFAULT_MODEL, position.log_partition);
-            work.digest(db, digest_key)?.observe(*actual_units);
+            let (model, sample) = output_sample(*actual_units, usage.as_ref());
+            let digest_key = store::digest_key(&key.route, model, position.log_partition);
+            work.digest(db, digest_key)?.observe(sample);
         }
         _ => {}
     }
@@ -530,10 +531,35 @@ fn derive(
     Ok(())
 }
 
+/// The output-token sample a settlement feeds, and the model digest it goes
+/// to: the provider-reported output tokens under the reported model (or
+/// [`store::DEFAULT_MODEL`] when the settle named none); a settle that reports
+/// no output tokens falls back to the whole `actual_units` under the default
+/// model, as every settle did before usage was recorded.
+fn output_sample(actual_units: u64, usage: Option<&Usage>) -> (&str, u64) {
+    match usage {
+        Some(Usage {
+            output_tokens: Some(output),
+            model,
+            ..
+        }) => (model.as_deref().unwrap_or(store::DEFAULT_MODEL), *output),
+        _ => (store::DEFAULT_MODEL, actual_units),
+    }
+}
+
 /// Input-token drift sample of an event: (counted input, provider-reported
-/// input). No event reports provider input yet, so this is always `None`; the
-/// path through `Work::drift` into column family `input_drift` is in place for
-/// when the settle event carries both.
-fn input_drift_sample(_body: &EventBody) -> Option<(u64, u64)> {
-    None
+/// input), from a settle whose usage reports both (and counted something).
+fn input_drift_sample(body: &EventBody) -> Option<(u64, u64)> {
+    match body {
+        EventBody::Settled {
+            usage:
+                Some(Usage {
+                    counted_input_tokens: Some(counted),
+                    reported_input_tokens: Some(reported),
+                    ..
+                }),
+            ..
+        } if *counted > 0 => Some((*counted, *reported)),
+        _ => None,
+    }
 }

@@ -153,34 +153,36 @@ impl Projections {
         )
     }
 
+    /// The digests of `route` for `model`, or of every model of the route.
     fn route_digests(
         &self,
         route: &str,
-        model: &str,
+        model: Option<&str>,
     ) -> Result<Vec<RollingDigest>, ProjectionError> {
-        // Key order is log-partition order: the merge order is fixed.
-        scan_prefix(
-            &self.db,
-            store::DIGESTS,
-            &store::digest_prefix(route, model),
-        )?
-        .into_iter()
-        .map(|(k, v)| {
-            RollingDigest::decode(&v).map_err(|reason| ProjectionError::Corrupt {
-                cf: store::DIGESTS,
-                key: String::from_utf8_lossy(&k).into_owned(),
-                reason,
+        let prefix = match model {
+            Some(model) => store::digest_prefix(route, model),
+            None => store::route_digest_prefix(route),
+        };
+        // Key order is (model, log partition) order: the merge order is fixed.
+        scan_prefix(&self.db, store::DIGESTS, &prefix)?
+            .into_iter()
+            .map(|(k, v)| {
+                RollingDigest::decode(&v).map_err(|reason| ProjectionError::Corrupt {
+                    cf: store::DIGESTS,
+                    key: String::from_utf8_lossy(&k).into_owned(),
+                    reason,
+                })
             })
-        })
-        .collect()
+            .collect()
     }
 
     /// The route's estimate: p50/p75/p90/p99 of settled output, sample counts,
-    /// and warm or cold against `min_samples`.
+    /// and warm or cold against `min_samples`. `model: None` merges every model
+    /// of the route (reported as model `*`).
     pub fn route_estimate(
         &self,
         route: &str,
-        model: &str,
+        model: Option<&str>,
         min_samples: u64,
     ) -> Result<RouteEstimateView, ProjectionError> {
         let sources = self.route_digests(route, model)?;
@@ -193,7 +195,7 @@ impl Projections {
         };
         Ok(RouteEstimateView {
             route: route.to_string(),
-            model: model.to_string(),
+            model: model.unwrap_or("*").to_string(),
             samples,
             lifetime_samples: sources.iter().map(RollingDigest::lifetime_samples).sum(),
             p50_units: q(0.50),
@@ -205,11 +207,12 @@ impl Projections {
     }
 
     /// The route's estimate at `quantile_ppm`, in the shape reservation sizing
-    /// (`reservoir_core::size_reservation`) takes. `None` without samples.
+    /// (`reservoir_core::size_reservation`) takes. `None` without samples;
+    /// `model: None` merges every model of the route.
     pub fn route_estimate_at(
         &self,
         route: &str,
-        model: &str,
+        model: Option<&str>,
         quantile_ppm: u64,
     ) -> Result<Option<RouteEstimate>, ProjectionError> {
         let sources = self.route_digests(route, model)?;

@@ -50,7 +50,8 @@ pub const COLUMN_FAMILIES: [&str; 12] = [
     FINDINGS,
 ];
 
-/// Model name used until events carry the model: everything is `default`.
+/// Model of samples whose settle named no model (or reported no output tokens
+/// and sampled `actual_units`).
 pub const DEFAULT_MODEL: &str = "default";
 
 pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
@@ -83,6 +84,11 @@ pub fn reservation_key(key: &PartitionKey, id: &str) -> String {
 
 pub fn digest_prefix(route: &str, model: &str) -> String {
     format!("{route}|{model}|")
+}
+
+/// Every model's digests of a route.
+pub fn route_digest_prefix(route: &str) -> String {
+    format!("{route}|")
 }
 
 pub fn digest_key(route: &str, model: &str, log_partition: u32) -> String {

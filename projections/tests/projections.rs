@@ -6,4 +6,5 @@ mod projections {
     mod crash;
     mod diagnosis;
     mod live_vs_rebuilt;
+    mod usage;
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use reservoir_core::{
     apply, decide, refusal_event, Command, Event, EventBody, OperationId, Partition, PartitionKey,
-    Policy, Rejection, RequestDigest, ReservationId,
+    Policy, Rejection, RequestDigest, ReservationId, Usage,
 };
 use reservoir_log::embedded::EmbeddedLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
@@ -250,7 +250,7 @@ impl Mixed {
             id: id.clone(),
             operation_id: None,
             actual_units,
-            usage: None,
+            usage: mixed_usage(n, actual_units),
         };
         let r = self.round;
         let mut at = |round: u64, command: Command| {
@@ -275,6 +275,30 @@ impl Mixed {
                 at(r + 2, settle(actual));
             }
         }
+    }
+}
+
+/// The usage a mixed-scenario settle reports, by reservation number: none,
+/// one of two models with an input/output split (input counted 3% low), or
+/// counted input only (no output tokens: the digest falls back to `default`).
+fn mixed_usage(n: u64, actual_units: u64) -> Option<Usage> {
+    let counted = actual_units / 5;
+    let reported = counted + counted * 3 / 100;
+    let split = |model: &str| Usage {
+        model: Some(model.to_string()),
+        output_tokens: Some(actual_units.saturating_sub(reported)),
+        counted_input_tokens: Some(counted),
+        reported_input_tokens: Some(reported),
+    };
+    // Four partitions reserve in turn: mix the round in, so each sees all four.
+    match (n + n / 4) % 4 {
+        0 => None,
+        1 => Some(split("model-a")),
+        2 => Some(split("model-b")),
+        _ => Some(Usage {
+            counted_input_tokens: Some(counted),
+            ..Usage::default()
+        }),
     }
 }
 
