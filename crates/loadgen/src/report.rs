@@ -59,7 +59,11 @@ fn median_p99(runs: &[Summary], label: &str) -> u64 {
         .map(|r| r.cycle.p99_us)
         .collect();
     v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
+    match v.len() {
+        0 => 0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2,
+    }
 }
 
 /// The Markdown table of every run, then the ratios of Reservoir against both
