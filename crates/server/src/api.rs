@@ -245,6 +245,36 @@ pub struct SettleBody {
     pub actual_units: u64,
     /// Required to resolve USAGE_UNKNOWN (the operation receipt); else optional.
     pub operation_id: Option<String>,
+    /// What the call used, as counted and reported. Recorded in the `Settled`
+    /// event for the projections (route estimates, input drift); the ledger
+    /// moves `actual_units` only.
+    pub usage: Option<UsageBody>,
+}
+
+/// The usage breakdown of a settle; every part optional.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UsageBody {
+    /// Model id (1..128 bytes of `[A-Za-z0-9._:/@-]`).
+    #[schema(example = "claude-sonnet-4")]
+    pub model: Option<String>,
+    /// Output tokens the provider reported.
+    pub output_tokens: Option<u64>,
+    /// Input tokens the gateway counted before the call.
+    pub counted_input_tokens: Option<u64>,
+    /// Input tokens the provider reported.
+    pub reported_input_tokens: Option<u64>,
+}
+
+impl From<UsageBody> for reservoir_core::Usage {
+    fn from(u: UsageBody) -> Self {
+        reservoir_core::Usage {
+            model: u.model,
+            output_tokens: u.output_tokens,
+            counted_input_tokens: u.counted_input_tokens,
+            reported_input_tokens: u.reported_input_tokens,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
@@ -588,11 +618,12 @@ pub async fn settle(
     let id = path_id(path)?;
     let operation_id = body.operation_id.as_deref().map(operation_id).transpose()?;
     let actual_units = body.actual_units;
+    let usage = body.usage.map(reservoir_core::Usage::from);
     act(&state, id, |id| Command::Settle {
         id,
         operation_id,
         actual_units,
-        usage: None,
+        usage,
     })
     .await
 }
@@ -724,6 +755,7 @@ async fn openapi_json() -> impl IntoResponse {
         ReserveBody,
         StartBody,
         SettleBody,
+        UsageBody,
         ReleaseBody,
         PublishPolicy,
         PublishedPolicy,

@@ -145,3 +145,59 @@ async fn a_new_generation_becomes_active_and_the_old_one_closes_but_still_settle
     assert_eq!(parts[1]["closed"], false);
     s.stop().await;
 }
+
+/// A settle may carry the call's usage breakdown (recorded for the read side,
+/// never moved); its fields are checked like the rest of the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_accepts_a_usage_breakdown() {
+    let (s, _dir) = TestServer::embedded().await;
+    s.publish(&policy("tenant-7", "chat", 1, 10_000, 0), "e")
+        .await;
+    for id in ["u-1", "u-2", "u-3"] {
+        let (status, r) = s.reserve(id, "tenant-7", "chat", 2_000).await;
+        assert_eq!(status, StatusCode::CREATED, "{r}");
+        let (status, r) = s
+            .post(
+                &format!("/v1/reservations/{id}/start"),
+                json!({"operation_id": format!("op-{id}")}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+    }
+    // (usage, expected status)
+    let rows = [
+        (
+            "u-1",
+            json!({"model": "model-a", "output_tokens": 1_200, "counted_input_tokens": 500, "reported_input_tokens": 517}),
+            StatusCode::OK,
+        ),
+        ("u-2", json!({}), StatusCode::OK),
+        (
+            "u-3",
+            json!({"model": "a b"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "u-3",
+            json!({"output_tokens": -1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "u-3",
+            json!({"input_tokens": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ];
+    for (id, usage, expected) in rows {
+        let (status, r) = s
+            .post(
+                &format!("/v1/reservations/{id}/settle"),
+                json!({"actual_units": 1_717, "usage": usage}),
+            )
+            .await;
+        assert_eq!(status, expected, "{usage} {r}");
+    }
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["spent_units"], 2 * 1_717);
+    s.stop().await;
+}
