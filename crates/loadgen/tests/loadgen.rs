@@ -34,8 +34,10 @@ async fn redis() -> Option<Redis> {
         if std::env::var_os("CI").is_some() {
             panic!("redis-server is not installed in CI: scripts/setup should install it");
         }
-        eprintln!(
-            "\n!!!!!!!!!! SKIPPED: redis-server is not installed; run scripts/setup !!!!!!!!!!\n"
+        // Written to fd 2 directly: the test harness captures eprintln! of passing tests.
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(
+            b"\n!!!!!!!!!! SKIPPED: redis-server is not installed; run scripts/setup !!!!!!!!!!\n\n",
         );
         return None;
     }
