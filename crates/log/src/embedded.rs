@@ -202,6 +202,23 @@ impl EmbeddedLog {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Queues a request for the writer thread without waiting; gives it back
+    /// when the queue is full.
+    fn try_queue(&self, request: Request) -> Result<Option<Request>, LogError> {
+        let queue = self.queue.as_ref().ok_or_else(writer_gone)?;
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        match queue.try_send(request) {
+            Ok(()) => Ok(None),
+            Err(e) => {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                match e {
+                    mpsc::error::TrySendError::Full(request) => Ok(Some(request)),
+                    mpsc::error::TrySendError::Closed(_) => Err(writer_gone()),
+                }
+            }
+        }
+    }
+
     /// Queues a request for the writer thread.
     async fn send(&self, request: Request) -> Result<(), LogError> {
         let queue = self.queue.as_ref().ok_or_else(writer_gone)?;
@@ -478,18 +495,20 @@ impl Drop for EmbeddedLog {
     }
 }
 
-impl EventLog for EmbeddedLog {
-    fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
-        0
-    }
+/// An append queued (or written) at the call: its answer, its record count,
+/// and the request still to be queued if the queue was full.
+type Enqueued = (
+    oneshot::Receiver<Result<u64, LogError>>,
+    u64,
+    Option<Request>,
+);
 
-    fn log_partitions(&self) -> u32 {
-        1
-    }
-
-    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+impl EmbeddedLog {
+    /// The synchronous half of `append`: checks, encodes, and writes (inline)
+    /// or queues the batch.
+    fn enqueue_append(&self, batch: Vec<Record>) -> Result<Option<Enqueued>, LogError> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         if batch.len() > APPEND_RECORDS_MAX {
             return Err(LogError::Invalid(format!(
@@ -527,16 +546,58 @@ impl EventLog for EmbeddedLog {
             _ => drop(batch),
         }
         let (reply, answer) = oneshot::channel();
-        if let Some(request) = self.try_write_inline(Request::Append { bytes, ends, reply }) {
-            self.send(request).await?;
+        let later = match self.try_write_inline(Request::Append { bytes, ends, reply }) {
+            None => None,
+            Some(request) => self.try_queue(request)?,
+        };
+        Ok(Some((answer, count, later)))
+    }
+}
+
+impl EventLog for EmbeddedLog {
+    fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
+        0
+    }
+
+    fn log_partitions(&self) -> u32 {
+        1
+    }
+
+    /// Ordered appends (see [`EventLog::ordered_appends`]): the batch is
+    /// encoded and queued (or written, when uncontended) during the call; the
+    /// returned future only waits for the synced write. One FIFO queue feeds
+    /// the writer thread, and after a failed write every later one is refused.
+    fn ordered_appends(&self) -> bool {
+        true
+    }
+
+    async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
+        self.claim(log_partition).await
+    }
+
+    fn append(
+        &self,
+        batch: Vec<Record>,
+    ) -> impl std::future::Future<Output = Result<Vec<Position>, LogError>> + Send {
+        let queued = self.enqueue_append(batch);
+        async move {
+            let (answer, count, later) = match queued? {
+                None => return Ok(Vec::new()),
+                Some(q) => q,
+            };
+            if let Some(request) = later {
+                // The queue was full at the call: this caller's earlier appends
+                // are already queued, so its order is kept.
+                self.send(request).await?;
+            }
+            let first = answer.await.map_err(|_| writer_gone())??;
+            Ok((first..first + count)
+                .map(|offset| Position {
+                    log_partition: 0,
+                    offset,
+                })
+                .collect())
         }
-        let first = answer.await.map_err(|_| writer_gone())??;
-        Ok((first..first + count)
-            .map(|offset| Position {
-                log_partition: 0,
-                offset,
-            })
-            .collect())
     }
 
     async fn read(

@@ -913,6 +913,11 @@ impl EventLog for KafkaLog {
         self.inner.log_partitions
     }
 
+    /// A new claim clears the in-doubt state of the partition.
+    async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
+        self.claim(log_partition).await
+    }
+
     async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
         if batch.is_empty() {
             return Ok(Vec::new());

@@ -114,6 +114,30 @@ pub trait EventLog: Send + Sync + 'static {
         batch: Vec<Record>,
     ) -> impl Future<Output = Result<Vec<Position>, LogError>> + Send;
 
+    /// Whether a writer may call `append` again while an earlier append of its
+    /// own is still in flight (pipelining). A log that says yes promises:
+    /// - an append takes its place in the log's order when `append` is
+    ///   *called* (the returned future only waits for it), or is refused there
+    ///   (its future is then already resolved);
+    /// - appends become durable and are acknowledged in call order;
+    /// - once an append fails, every append called after it fails too and
+    ///   writes nothing, until the log partition is claimed again (or the log
+    ///   reopened).
+    fn ordered_appends(&self) -> bool {
+        false
+    }
+
+    /// Claims `log_partition` again for this writer (a new epoch), after an
+    /// append left it in doubt: the writer then rebuilds its state from the log
+    /// up to the new claim. Logs that cannot re-claim in process say so.
+    fn reclaim(&self, log_partition: u32) -> impl Future<Output = Result<Claim, LogError>> + Send {
+        async move {
+            Err(LogError::Invalid(format!(
+                "this log cannot re-claim log partition {log_partition} in process"
+            )))
+        }
+    }
+
     /// Entries of one log partition from `from_offset`, at most `max` of them,
     /// in order. Returns fewer (possibly none) at the end of the log.
     fn read(

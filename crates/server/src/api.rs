@@ -8,7 +8,7 @@
 //! a problem+json answer (see [`crate::problem`] for the status table).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
@@ -34,7 +34,8 @@ pub struct AppState {
 }
 
 struct Inner {
-    writers: OnceLock<Writers>,
+    /// Replaced when the writers are rebuilt after the log was in doubt.
+    writers: std::sync::RwLock<Option<Writers>>,
     ready: AtomicBool,
     metrics: PrometheusHandle,
 }
@@ -43,16 +44,20 @@ impl AppState {
     pub fn new(metrics: PrometheusHandle) -> Self {
         AppState {
             inner: Arc::new(Inner {
-                writers: OnceLock::new(),
+                writers: std::sync::RwLock::new(None),
                 ready: AtomicBool::new(false),
                 metrics,
             }),
         }
     }
 
-    /// Called once, when recovery is done: from now on `/readyz` is 200.
+    /// Called when recovery is done (again after a rebuild): from now on `/readyz` is 200.
     pub fn set_ready(&self, writers: Writers) {
-        let _ = self.inner.writers.set(writers);
+        *self
+            .inner
+            .writers
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(writers);
         self.inner.ready.store(true, Ordering::Release);
     }
 
@@ -60,12 +65,16 @@ impl AppState {
         self.inner.ready.store(false, Ordering::Release);
     }
 
-    fn writers(&self) -> Result<&Writers, ApiError> {
+    fn writers(&self) -> Result<Writers, ApiError> {
         match (
             self.inner.ready.load(Ordering::Acquire),
-            self.inner.writers.get(),
+            self.inner
+                .writers
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref(),
         ) {
-            (true, Some(w)) => Ok(w),
+            (true, Some(w)) => Ok(w.clone()),
             _ => Err(not_ready()),
         }
     }

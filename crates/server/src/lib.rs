@@ -71,9 +71,6 @@ pub async fn start<L: EventLog>(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let state = api::AppState::new(telemetry::install());
     let app = api::router(state.clone(), config.max_body_bytes);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (fatal_tx, mut fatal_rx) = watch::channel(None::<String>);
-
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
@@ -82,96 +79,143 @@ pub async fn start<L: EventLog>(
     });
 
     let done = tokio::spawn(async move {
-        let started = std::time::Instant::now();
-        let snapshot = match config.snapshot_interval {
+        let mut claim_epochs = claim_epochs;
+        let mut snapshot = match config.snapshot_interval {
             Some(_) => snapshot::read(&config.data_dir),
             None => None,
         };
-        let recovered = match recovery::recover(&*log, config.writer_shards, snapshot).await {
-            Ok(r) => r,
-            Err(err) => {
-                tracing::error!(%err, "recovery failed; not ready");
-                http.abort();
-                return Err(format!("recovery failed: {err}"));
-            }
-        };
-        tracing::info!(
-            records = recovered.records,
-            events = recovered.events,
-            skipped = recovered.skipped_records,
-            from_snapshot = recovered.from_snapshot,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "recovered from the log"
-        );
-        let index = Arc::new(std::sync::RwLock::new(recovered.index));
-        let snapshots = config.snapshot_interval.map(|every| Snapshotter {
-            log: log.clone(),
-            data_dir: config.data_dir.clone(),
-            writer_id: writer_id.clone(),
-            claim_epochs: claim_epochs.clone(),
-            every,
-        });
-        let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
-            log,
-            states: recovered.shards,
-            index,
-            writer_id,
-            claim_epochs,
-            max_batch_commands: config.max_batch_commands,
-            stop: stop_rx.clone(),
-            fatal: fatal_tx,
-        });
-        let sweeper = tokio::spawn(sweeper::run(
-            writers.clone(),
-            config.sweep_interval,
-            config.refill_interval,
-            stop_rx.clone(),
-        ));
-        let periodic = snapshots
-            .clone()
-            .map(|s| tokio::spawn(s.run(writers.clone(), stop_rx.clone())));
-        state.set_ready(writers);
-
-        // Shutdown: HTTP stops taking connections and waits for in-flight
-        // requests (each waits for its batch); then sweepers and writers stop,
-        // writers after deciding and appending everything already queued.
-        // A fatal log error stops the server too (crash-only: a restart reopens
-        // the log and recovers); the batch that hit it was already answered 503.
         let mut http = http;
-        let served = tokio::select! {
-            r = &mut http => r.map_err(|e| e.to_string()).and_then(|r| r),
-            failed = fatal_rx.wait_for(|f| f.is_some()) => {
-                let reason = match failed {
-                    Ok(reason) => reason.clone().unwrap_or_default(),
-                    Err(_) => "a writer task ended unexpectedly".to_string(),
+        // Runs until shutdown or a fatal log error; after a log partition was
+        // left in doubt by a failed append, re-claims the log and runs again
+        // on state rebuilt from it (the records that landed count).
+        loop {
+            let started = std::time::Instant::now();
+            let recovered =
+                match recovery::recover(&*log, config.writer_shards, snapshot.take()).await {
+                    Ok(r) => r,
+                    Err(err) => {
+                        tracing::error!(%err, "recovery failed; not ready");
+                        http.abort();
+                        return Err(format!("recovery failed: {err}"));
+                    }
                 };
-                tracing::error!(%reason, "log failed; stopping so a restart can recover from the log");
-                http.abort();
-                Err(format!("log failed: {reason}"))
+            tracing::info!(
+                records = recovered.records,
+                events = recovered.events,
+                skipped = recovered.skipped_records,
+                from_snapshot = recovered.from_snapshot,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "recovered from the log"
+            );
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let (fatal_tx, mut fatal_rx) = watch::channel(None::<String>);
+            let (in_doubt_tx, mut in_doubt_rx) = watch::channel(None::<String>);
+            let index = Arc::new(std::sync::RwLock::new(recovered.index));
+            let snapshots = config.snapshot_interval.map(|every| Snapshotter {
+                log: log.clone(),
+                data_dir: config.data_dir.clone(),
+                writer_id: writer_id.clone(),
+                claim_epochs: claim_epochs.clone(),
+                every,
+            });
+            let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
+                log: log.clone(),
+                states: recovered.shards,
+                index,
+                writer_id: writer_id.clone(),
+                claim_epochs: claim_epochs.clone(),
+                max_batch_commands: config.max_batch_commands,
+                stop: stop_rx.clone(),
+                fatal: fatal_tx,
+                in_doubt: Some(in_doubt_tx),
+            });
+            let sweeper = tokio::spawn(sweeper::run(
+                writers.clone(),
+                config.sweep_interval,
+                config.refill_interval,
+                stop_rx.clone(),
+            ));
+            let periodic = snapshots
+                .clone()
+                .map(|s| tokio::spawn(s.run(writers.clone(), stop_rx.clone())));
+            state.set_ready(writers);
+
+            // Shutdown: HTTP stops taking connections and waits for in-flight
+            // requests (each waits for its batch); then sweepers and writers stop,
+            // writers after deciding and appending everything already queued.
+            // A fatal log error stops the server too (crash-only: a restart reopens
+            // the log and recovers); the batch that hit it was already answered 503.
+            let mut in_doubt = None;
+            let served = tokio::select! {
+                r = &mut http => r.map_err(|e| e.to_string()).and_then(|r| r),
+                failed = fatal_rx.wait_for(|f| f.is_some()) => {
+                    let reason = match failed {
+                        Ok(reason) => reason.clone().unwrap_or_default(),
+                        Err(_) => "a writer task ended unexpectedly".to_string(),
+                    };
+                    tracing::error!(%reason, "log failed; stopping so a restart can recover from the log");
+                    http.abort();
+                    Err(format!("log failed: {reason}"))
+                }
+                doubt = in_doubt_rx.wait_for(|f| f.is_some()) => {
+                    in_doubt = Some(match doubt {
+                        Ok(reason) => reason.clone().unwrap_or_default(),
+                        Err(_) => "a writer task ended unexpectedly".to_string(),
+                    });
+                    Ok(())
+                }
+            };
+            state.set_not_ready();
+            let _ = stop_tx.send(true);
+            let _ = sweeper.await;
+            if let Some(periodic) = periodic {
+                let _ = periodic.await;
             }
-        };
-        state.set_not_ready();
-        let _ = stop_tx.send(true);
-        let _ = sweeper.await;
-        if let Some(periodic) = periodic {
-            let _ = periodic.await;
-        }
-        let mut states = Vec::new();
-        for task in shard_tasks {
-            match task.await {
-                Ok(state) => states.push(state),
-                Err(err) => return Err(format!("writer task failed: {err}")),
+            let mut states = Vec::new();
+            for task in shard_tasks {
+                match task.await {
+                    Ok(state) => states.push(state),
+                    Err(err) => return Err(format!("writer task failed: {err}")),
+                }
             }
-        }
-        // Every writer has stopped: the log's end is an exact cut.
-        if let (Some(s), true) = (snapshots, served.is_ok()) {
-            let parts: Vec<_> = states.iter().map(snapshot::capture).collect();
-            if let Err(err) = s.write(parts).await {
-                tracing::warn!(%err, "no snapshot at shutdown");
+            if let Some(reason) = in_doubt {
+                // The writers are stopped (their state dropped): take the log
+                // again and rebuild everything from it.
+                tracing::warn!(%reason, "log in doubt after a failed append; re-claiming and rebuilding from the log");
+                metrics::counter!("reservoir_log_reclaims_total").increment(1);
+                for p in 0..log.log_partitions() {
+                    match log.reclaim(p).await {
+                        Ok(claim) if claim.writer_id == writer_id => {
+                            if let Some(epoch) = claim_epochs.get_mut(p as usize) {
+                                *epoch = claim.epoch;
+                            }
+                        }
+                        Ok(claim) => {
+                            http.abort();
+                            return Err(format!(
+                                "re-claimed log partition {p} as {} instead of {writer_id}",
+                                claim.writer_id
+                            ));
+                        }
+                        Err(err) => {
+                            tracing::error!(%err, "cannot re-claim the log; stopping");
+                            http.abort();
+                            return Err(format!("log failed: {reason}; re-claim failed: {err}"));
+                        }
+                    }
+                }
+                continue;
             }
+            // Every writer has stopped: the log's end is an exact cut.
+            if let (Some(s), true) = (snapshots, served.is_ok()) {
+                let parts: Vec<_> = states.iter().map(snapshot::capture).collect();
+                if let Err(err) = s.write(parts).await {
+                    tracing::warn!(%err, "no snapshot at shutdown");
+                }
+            }
+            tracing::info!("stopped");
+            return served;
         }
-        tracing::info!("stopped");
-        served
     });
     Ok(RunningServer { addr, done })
 }

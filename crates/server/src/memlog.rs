@@ -3,6 +3,14 @@
 //! with a transient error and write nothing, like a RocksDB write that was
 //! refused; `fail_next_append_fatally()` fails one with a non-transient error.
 //! Not durable; `reservoir serve --log memory` only, for trying the API.
+//!
+//! `fail_next_append_in_doubt()` writes the next append and then fails it with
+//! [`LogError::InDoubt`], like a Kafka append whose records landed but whose
+//! acknowledgement was lost; the log then refuses appends (InDoubt) until it is
+//! claimed again. [`MemoryLog::ordered`] gives a log with
+//! [`EventLog::ordered_appends`] (the writer pipelines on it): every failure
+//! makes it refuse all later appends until it is claimed again, and
+//! `set_append_delay` keeps each append in flight for a while.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -16,12 +24,43 @@ pub struct MemoryLog {
     entries: Mutex<Vec<LogEntry>>,
     failures: AtomicUsize,
     fatal: std::sync::atomic::AtomicBool,
+    in_doubt_next: std::sync::atomic::AtomicBool,
+    /// Why appends are refused until the next claim.
+    refusing: Mutex<Option<LogError>>,
+    ordered: bool,
+    delay: Mutex<Duration>,
+    calls: AtomicUsize,
+    /// The writer id of the latest claim (for `reclaim`).
+    claimant: Mutex<Option<String>>,
     appended: tokio::sync::Notify,
 }
 
 impl MemoryLog {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A log with ordered appends (see the module doc).
+    pub fn ordered() -> Self {
+        MemoryLog {
+            ordered: true,
+            ..Self::default()
+        }
+    }
+
+    /// Each append resolves `delay` after its call (its outcome is fixed at the call).
+    pub fn set_append_delay(&self, delay: Duration) {
+        *self.delay.lock().expect("memlog lock") = delay;
+    }
+
+    /// The next append is written, then answered `InDoubt`.
+    pub fn fail_next_append_in_doubt(&self) {
+        self.in_doubt_next.store(true, Ordering::SeqCst);
+    }
+
+    /// How many times `append` was called (with records or not).
+    pub fn append_calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
     }
 
     pub fn fail_next_appends(&self, n: usize) {
@@ -53,6 +92,9 @@ impl MemoryLog {
             epoch: top + 1,
         };
         entries.push(LogEntry::Claim(claim.clone()));
+        drop(entries);
+        *self.refusing.lock().expect("memlog lock") = None;
+        *self.claimant.lock().expect("memlog lock") = Some(writer_id.to_string());
         claim
     }
 
@@ -76,26 +118,39 @@ impl MemoryLog {
     }
 }
 
-impl EventLog for MemoryLog {
-    fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
-        0
-    }
-
-    fn log_partitions(&self) -> u32 {
-        1
-    }
-
-    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+impl MemoryLog {
+    fn append_now(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        let mut refusing = self.refusing.lock().expect("memlog lock");
+        if let Some(why) = refusing.as_ref() {
+            return Err(match why {
+                LogError::InDoubt {
+                    log_partition,
+                    reason,
+                } => LogError::InDoubt {
+                    log_partition: *log_partition,
+                    reason: reason.clone(),
+                },
+                other => LogError::Unavailable(format!(
+                    "refusing appends after a failed one until claimed again ({other})"
+                )),
+            });
+        }
         let failed = self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if failed {
-            if self.fatal.load(Ordering::SeqCst) {
-                return Err(LogError::Storage("injected fatal append failure".into()));
+            let err = if self.fatal.load(Ordering::SeqCst) {
+                LogError::Storage("injected fatal append failure".into())
+            } else {
+                LogError::Unavailable("injected append failure".into())
+            };
+            if self.ordered {
+                *refusing = Some(LogError::Unavailable(err.to_string()));
             }
-            return Err(LogError::Unavailable("injected append failure".into()));
+            return Err(err);
         }
+        let in_doubt = self.in_doubt_next.swap(false, Ordering::SeqCst);
         let mut entries = self.entries.lock().expect("memlog lock");
         let positions = batch
             .into_iter()
@@ -109,7 +164,56 @@ impl EventLog for MemoryLog {
             .collect();
         drop(entries);
         self.appended.notify_waiters();
+        if in_doubt {
+            *refusing = Some(LogError::InDoubt {
+                log_partition: 0,
+                reason: "an earlier append is in doubt".into(),
+            });
+            return Err(LogError::InDoubt {
+                log_partition: 0,
+                reason: "injected: written, acknowledgement lost".into(),
+            });
+        }
         Ok(positions)
+    }
+}
+
+impl EventLog for MemoryLog {
+    fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
+        0
+    }
+
+    fn log_partitions(&self) -> u32 {
+        1
+    }
+
+    fn ordered_appends(&self) -> bool {
+        self.ordered
+    }
+
+    async fn reclaim(&self, _log_partition: u32) -> Result<Claim, LogError> {
+        let claimant = self.claimant.lock().expect("memlog lock").clone();
+        match claimant {
+            Some(writer_id) => Ok(self.claim(&writer_id)),
+            None => Err(LogError::Invalid("never claimed".into())),
+        }
+    }
+
+    /// The outcome is decided at the call (ordered appends); the future only
+    /// waits for the configured delay.
+    fn append(
+        &self,
+        batch: Vec<Record>,
+    ) -> impl std::future::Future<Output = Result<Vec<Position>, LogError>> + Send {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let outcome = self.append_now(batch);
+        let delay = *self.delay.lock().expect("memlog lock");
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            outcome
+        }
     }
 
     async fn read(

@@ -402,8 +402,63 @@ enum Undo {
 /// Where a reply's log position comes from once the batch is durable.
 #[derive(Clone, Copy)]
 enum PositionFrom {
+    /// Record `i` of this batch.
     Record(usize),
+    /// Record `i` of the batch before, in flight when this one was decided
+    /// (it lands first: this batch is answered after it).
+    Earlier(usize),
     Known(Position),
+}
+
+type AppendFuture<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<Vec<Position>, reservoir_log::LogError>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// A decided batch whose append has been handed to the log.
+struct InFlight<'a> {
+    records: Vec<Record>,
+    undo: Vec<Undo>,
+    pendings: Vec<(oneshot::Sender<Reply>, Pending)>,
+    /// `None`: nothing to append (reads, idempotent repeats); answered in order.
+    append: Option<AppendFuture<'a>>,
+    result: Option<Result<Vec<Position>, reservoir_log::LogError>>,
+    /// Positions of the batch before, for `PositionFrom::Earlier`.
+    earlier: Vec<Position>,
+    started: Instant,
+}
+
+impl InFlight<'_> {
+    /// Waits for the append (cancel-safe: progress stays in `self`).
+    async fn wait(&mut self) {
+        if self.result.is_none() {
+            let result = match self.append.as_mut() {
+                Some(append) => append.await,
+                None => Ok(Vec::new()),
+            };
+            self.append = None;
+            self.result = Some(result);
+        }
+    }
+
+    /// Whether the append has already failed (one poll, without waiting): a
+    /// log refuses some batches at the call, before they are queued, and the
+    /// next batch must then not be handed to it.
+    fn failed_already(&mut self) -> bool {
+        if self.result.is_none() {
+            if let Some(append) = self.append.as_mut() {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if let std::task::Poll::Ready(result) = append.as_mut().poll(&mut cx) {
+                    self.append = None;
+                    self.result = Some(result);
+                }
+            }
+        }
+        matches!(self.result, Some(Err(_)))
+    }
 }
 
 /// A decided request waiting for the batch's append.
@@ -455,39 +510,109 @@ pub struct Shard {
     pub max_batch_commands: usize,
     /// Set when the log failed in a way only a restart (reopen, reclaim, recover) fixes.
     pub fatal: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    /// Set when the log is in doubt after a failed append (or, for a log with
+    /// ordered appends, refuses appends after one failed): the server
+    /// re-claims the log and rebuilds the writers' state from it.
+    pub in_doubt: Arc<tokio::sync::watch::Sender<Option<String>>>,
+    /// The log's [`EventLog::ordered_appends`]: this shard pipelines.
+    pub ordered: bool,
+    /// `pending_positions` of the batch in flight (see `PositionFrom::Earlier`).
+    in_flight_positions: HashMap<ReservationId, usize>,
 }
 
 impl Shard {
     /// The task body: batches until every sender is gone, then returns its state.
     /// On `stop`, the queue is closed and what is already in it is still decided
     /// and appended: the batch in flight always finishes.
+    ///
+    /// On a log with [`EventLog::ordered_appends`] the shard pipelines: while
+    /// batch N's append is in flight it decides batch N+1 on top of N's
+    /// speculative state and hands it to the log at once (so it joins the next
+    /// synced write), then waits for N. Replies still go out only after each
+    /// batch's own append is acknowledged, and N's before N+1's. If N fails, N+1
+    /// (appended after it, so refused by the log too) is undone first, then N.
     pub async fn run<L: EventLog>(
         mut self,
         log: Arc<L>,
         mut rx: mpsc::Receiver<Envelope>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> ShardState {
+        enum Woke {
+            Appended,
+            Received(usize),
+            Stop,
+        }
+        let pipelined = log.ordered_appends();
         let mut buffer = Vec::with_capacity(self.max_batch_commands);
         let mut stopping = false;
+        let mut in_flight: Option<InFlight<'_>> = None;
         loop {
-            let received = tokio::select! {
-                n = rx.recv_many(&mut buffer, self.max_batch_commands) => n,
-                _ = stop.wait_for(|s| *s), if !stopping => {
+            let woke = tokio::select! {
+                biased;
+                _ = async { in_flight.as_mut().expect("checked").wait().await }, if in_flight.is_some() => Woke::Appended,
+                n = rx.recv_many(&mut buffer, self.max_batch_commands) => Woke::Received(n),
+                _ = stop.wait_for(|s| *s), if !stopping => Woke::Stop,
+            };
+            let received = match woke {
+                Woke::Appended => {
+                    let flight = in_flight.take().expect("in flight");
+                    self.complete(flight, &mut None).await;
+                    continue;
+                }
+                Woke::Stop => {
                     rx.close();
                     stopping = true;
                     continue;
                 }
+                Woke::Received(n) => n,
             };
             if received == 0 {
+                if let Some(flight) = in_flight.take() {
+                    self.complete(flight, &mut None).await;
+                }
                 tracing::info!(shard = self.id, "writer stopped");
                 return self.state;
             }
             let envelopes = std::mem::take(&mut buffer);
-            self.run_batch(&*log, envelopes).await;
+            // A snapshot copies committed state only: let the batch in flight land first.
+            let barrier = envelopes
+                .iter()
+                .any(|e| matches!(e.request, Request::Snapshot));
+            if barrier {
+                if let Some(flight) = in_flight.take() {
+                    self.complete(flight, &mut None).await;
+                }
+            }
+            let previous_failed = match in_flight.as_mut() {
+                Some(flight) => flight.failed_already(),
+                None => false,
+            };
+            let mut next = if previous_failed {
+                // Not handed to the log behind a failed append; answered 503 below.
+                self.begin::<L>(None, envelopes)
+            } else {
+                self.begin(Some(&*log), envelopes)
+            };
+            if let Some(previous) = in_flight.take() {
+                self.complete(previous, &mut next).await;
+            }
+            match next {
+                Some(flight) if pipelined => in_flight = Some(flight),
+                Some(flight) => self.complete(flight, &mut None).await,
+                None => {}
+            }
         }
     }
 
-    async fn run_batch<L: EventLog>(&mut self, log: &L, envelopes: Vec<Envelope>) {
+    /// Decides a batch against the (possibly speculative) state, checks
+    /// conservation and hands the records to the log (`None`: do not append,
+    /// the batch before failed). Returns `None` when the batch was refused
+    /// (already answered, effects undone).
+    fn begin<'a, L: EventLog>(
+        &mut self,
+        log: Option<&'a L>,
+        envelopes: Vec<Envelope>,
+    ) -> Option<InFlight<'a>> {
         let mut batch = Batch::default();
         let mut pendings = Vec::with_capacity(envelopes.len());
         for Envelope { request, reply } in envelopes {
@@ -508,49 +633,94 @@ impl Shard {
                             "conservation check failed: {err}"
                         ))));
                     }
-                    return;
+                    return None;
                 }
             }
         }
-
-        let positions = if batch.records.is_empty() {
-            Vec::new()
+        // Later batches name this one's records as `Earlier(i)` until it lands.
+        self.in_flight_positions = std::mem::take(&mut batch.pending_positions);
+        let append: Option<AppendFuture<'a>> = if batch.records.is_empty() {
+            None
         } else {
             metrics::histogram!("reservoir_batch_records").record(batch.records.len() as f64);
-            let started = Instant::now();
-            let result = log.append(batch.records.clone()).await;
-            metrics::histogram!("reservoir_append_seconds").record(started.elapsed().as_secs_f64());
-            match result {
-                Ok(positions) if positions.len() == batch.records.len() => positions,
-                Ok(positions) => {
-                    // The log broke its contract; nothing can be trusted about this batch.
-                    panic!(
-                        "log returned {} positions for {} records",
-                        positions.len(),
-                        batch.records.len()
-                    );
-                }
-                Err(err) => {
-                    tracing::warn!(shard = self.id, %err, records = batch.records.len(), "append failed; batch discarded");
-                    metrics::counter!("reservoir_append_failures_total").increment(1);
-                    self.restore(batch.undo);
-                    // A log that cannot say what reached the disk (embedded: any failed
-                    // synced write) or that fenced us cannot be written again by this
-                    // process: report it, so the server stops and restarts from the log.
-                    if !err.transient() || matches!(err, reservoir_log::LogError::Fenced { .. }) {
-                        let _ = self.fatal.send(Some(format!("shard {}: {err}", self.id)));
+            match log {
+                Some(log) => Some(Box::pin(log.append(batch.records.clone()))),
+                None => Some(Box::pin(std::future::ready(Err(
+                    reservoir_log::LogError::Unavailable(
+                        "not appended: the batch before it failed".into(),
+                    ),
+                )))),
+            }
+        };
+        Some(InFlight {
+            records: batch.records,
+            undo: batch.undo,
+            pendings,
+            append,
+            result: None,
+            earlier: Vec::new(),
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits for a batch's append and answers it. On failure, `next` (decided on
+    /// top of it and appended after it) fails too: both are undone, newest first.
+    async fn complete(&mut self, mut flight: InFlight<'_>, next: &mut Option<InFlight<'_>>) {
+        flight.wait().await;
+        metrics::histogram!("reservoir_append_seconds")
+            .record(flight.started.elapsed().as_secs_f64());
+        let result = flight.result.take().expect("waited");
+        let positions = match result {
+            Ok(positions) if positions.len() == flight.records.len() => positions,
+            Ok(positions) => {
+                // The log broke its contract; nothing can be trusted about this batch.
+                panic!(
+                    "log returned {} positions for {} records",
+                    positions.len(),
+                    flight.records.len()
+                );
+            }
+            Err(err) => {
+                tracing::warn!(shard = self.id, %err, records = flight.records.len(), "append failed; batch discarded");
+                metrics::counter!("reservoir_append_failures_total").increment(1);
+                let mut failed = vec![flight];
+                if let Some(mut later) = next.take() {
+                    later.wait().await;
+                    if matches!(later.result, Some(Ok(_))) && !later.records.is_empty() {
+                        // An ordered log must refuse appends after a failed one.
+                        tracing::error!(
+                            shard = self.id,
+                            "log acknowledged an append made after a failed one"
+                        );
+                        let _ = self.fatal.send(Some(format!(
+                            "shard {}: the log acknowledged an append after a failed one",
+                            self.id
+                        )));
                     }
-                    for (reply, _) in pendings {
+                    failed.push(later);
+                }
+                self.in_flight_positions.clear();
+                // Newest first: each undo log holds the pre-images of its own batch.
+                for f in failed.iter_mut().rev() {
+                    let undo = std::mem::take(&mut f.undo);
+                    self.restore(undo);
+                }
+                self.report_failure(&err);
+                for f in failed {
+                    for (reply, _) in f.pendings {
                         let _ = reply.send(Err(Failure::Unavailable(format!(
                             "log append failed: {err}"
                         ))));
                     }
-                    return;
                 }
+                return;
             }
         };
+        if next.is_none() {
+            self.in_flight_positions.clear();
+        }
 
-        for (record, position) in batch.records.iter().zip(&positions) {
+        for (record, position) in flight.records.iter().zip(&positions) {
             for event in &record.events {
                 self.state
                     .note_committed(&record.key, &event.body, *position);
@@ -561,11 +731,13 @@ impl Shard {
                 );
             }
         }
+        let earlier = std::mem::take(&mut flight.earlier);
         let resolve = |from: PositionFrom| match from {
             PositionFrom::Record(i) => positions[i],
+            PositionFrom::Earlier(i) => earlier[i],
             PositionFrom::Known(p) => p,
         };
-        for (reply, pending) in pendings {
+        for (reply, pending) in flight.pendings {
             let answer = match pending {
                 Pending::Ready(r) => r,
                 Pending::Refused(failure) => Err(failure),
@@ -588,6 +760,37 @@ impl Shard {
                 }),
             };
             let _ = reply.send(answer);
+        }
+        if let Some(later) = next.as_mut() {
+            later.earlier = positions;
+        }
+    }
+
+    /// After a failed append: a log that cannot say what reached the disk
+    /// (embedded: any failed synced write) or that fenced us cannot be written
+    /// again by this process: report it, so the server stops and restarts from
+    /// the log. A log partition in doubt (or an ordered log, which refuses
+    /// every append after a failed one) is re-claimed and rebuilt in process.
+    fn report_failure(&self, err: &reservoir_log::LogError) {
+        use reservoir_log::LogError;
+        match err {
+            LogError::InDoubt { .. } => {
+                let _ = self
+                    .in_doubt
+                    .send(Some(format!("shard {}: {err}", self.id)));
+            }
+            LogError::Fenced { .. } => {
+                let _ = self.fatal.send(Some(format!("shard {}: {err}", self.id)));
+            }
+            e if !e.transient() => {
+                let _ = self.fatal.send(Some(format!("shard {}: {err}", self.id)));
+            }
+            _ if self.ordered => {
+                let _ = self
+                    .in_doubt
+                    .send(Some(format!("shard {}: {err}", self.id)));
+            }
+            _ => {}
         }
     }
 
@@ -712,6 +915,9 @@ impl Shard {
         if let Some(i) = batch.pending_positions.get(id) {
             return Some(PositionFrom::Record(*i));
         }
+        if let Some(i) = self.in_flight_positions.get(id) {
+            return Some(PositionFrom::Earlier(*i));
+        }
         self.state
             .partitions
             .get(key)?
@@ -796,7 +1002,7 @@ impl Shard {
                 )
             }
             Request::Act { key, command } => self.act(batch, key, command),
-            Request::Get { key, id } => Pending::Ready(self.get(batch, &key, &id)),
+            Request::Get { key, id } => self.get(batch, &key, &id),
             Request::Snapshot => {
                 let (partitions, active) = crate::snapshot::capture(&self.state);
                 Pending::Ready(Ok(Answer::Snapshot(Box::new(ShardSnapshot {
@@ -817,16 +1023,31 @@ impl Shard {
         }
     }
 
-    fn get(&self, batch: &Batch, key: &PartitionKey, id: &ReservationId) -> Reply {
+    fn get(&self, batch: &Batch, key: &PartitionKey, id: &ReservationId) -> Pending {
         let ps = self.state.partitions.get(key);
         let record = ps.and_then(|ps| ps.partition.reservation(id));
         match (record, self.position_of(batch, key, id)) {
-            (Some(r), Some(PositionFrom::Known(p))) => Ok(Answer::Receipt {
+            (Some(r), Some(PositionFrom::Known(p))) => Pending::Ready(Ok(Answer::Receipt {
                 receipt: Box::new(receipt(key, r, p)),
                 created: false,
-            }),
+            })),
+            // Changed by the batch in flight: answered after it lands (or 503 with it).
+            (Some(r), Some(position @ PositionFrom::Earlier(_))) => Pending::Receipt {
+                receipt: Box::new(receipt(
+                    key,
+                    r,
+                    Position {
+                        log_partition: 0,
+                        offset: 0,
+                    },
+                )),
+                created: false,
+                position,
+            },
             // Not yet durable (decided in this very batch) or unknown.
-            _ => Err(self.rejected(key, Rejection::UnknownReservation { id: id.clone() })),
+            _ => Pending::Ready(Err(
+                self.rejected(key, Rejection::UnknownReservation { id: id.clone() })
+            )),
         }
     }
 
@@ -1027,6 +1248,9 @@ pub struct WriterSetup<L> {
     /// Set to `true` to stop: queued requests are still decided and appended.
     pub stop: tokio::sync::watch::Receiver<bool>,
     pub fatal: tokio::sync::watch::Sender<Option<String>>,
+    /// See [`Shard::in_doubt`]; `None`: nobody re-claims (a failed append
+    /// leaves the log partition refusing appends, answered 503).
+    pub in_doubt: Option<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 /// Starts one task per shard and returns the handle to them.
@@ -1042,8 +1266,11 @@ pub fn spawn<L: EventLog>(
         max_batch_commands,
         stop,
         fatal,
+        in_doubt,
     } = setup;
     let fatal = Arc::new(fatal);
+    let in_doubt = Arc::new(in_doubt.unwrap_or_else(|| tokio::sync::watch::channel(None).0));
+    let ordered = log.ordered_appends();
     let shards = states.len();
     let claim_epochs = Arc::new(claim_epochs);
     let partition_log = log.clone();
@@ -1064,6 +1291,9 @@ pub fn spawn<L: EventLog>(
             log_partition_for: log_partition_for.clone(),
             max_batch_commands,
             fatal: fatal.clone(),
+            in_doubt: in_doubt.clone(),
+            ordered,
+            in_flight_positions: HashMap::new(),
         };
         handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
     }

@@ -176,6 +176,7 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
         max_batch_commands: node.config.max_batch_commands,
         stop: stop_rx.clone(),
         fatal: fatal_tx,
+        in_doubt: None,
     });
     let sweeper = tokio::spawn(sweeper::run(
         writers.clone(),

@@ -3,6 +3,7 @@
 //! same ids succeeds exactly once. Driven by the in-memory log's fault injection.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use reqwest::StatusCode;
 
@@ -109,4 +110,158 @@ async fn a_fatal_log_error_answers_503_and_stops_the_server_for_a_restart() {
     let parts = s.assert_conserved().await;
     assert_eq!(parts[0]["reserved_units"], 200);
     s.stop().await;
+}
+
+/// Pipelining: batch N+1 (a start of the reservation batch N reserves) is
+/// decided on top of N's speculative state and handed to the log while N is
+/// in flight. N fails, so N+1 fails too: both are undone, neither client is
+/// acknowledged, and once the writer has re-claimed the log, retries succeed
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_pipelined_batch_fails_the_batch_decided_on_top_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
+    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let before = log.records().len();
+    let calls = log.append_calls();
+    log.set_append_delay(Duration::from_millis(400));
+    log.fail_next_appends(1);
+    let reserving = {
+        let s = s.clone();
+        tokio::spawn(async move { s.reserve("x", "t", "r", 300).await })
+    };
+    // The reserve is in flight (handed to the log, answered in 400 ms).
+    eventually(Duration::from_secs(5), || async {
+        (log.append_calls() > calls).then_some(())
+    })
+    .await;
+    let (start_status, start_body) = s
+        .post(
+            "/v1/reservations/x/start",
+            serde_json::json!({"operation_id": "op"}),
+        )
+        .await;
+    let (reserve_status, reserve_body) = reserving.await.unwrap();
+    assert_eq!(
+        reserve_status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{reserve_body}"
+    );
+    assert_eq!(
+        start_status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{start_body}"
+    );
+    assert_eq!(
+        log.append_calls(),
+        calls + 2,
+        "the start was handed to the log while the reserve was in flight"
+    );
+    assert_eq!(log.records().len(), before, "nothing appended");
+    log.set_append_delay(Duration::ZERO);
+    s.wait_ready().await;
+    assert_eq!(s.get("/v1/reservations/x").await.0, StatusCode::NOT_FOUND);
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["available_units"], 1_000, "both batches undone");
+    assert_eq!(parts[0]["reserved_units"], 0);
+
+    let (status, r) = s.reserve("x", "t", "r", 300).await;
+    assert_eq!(status, StatusCode::CREATED, "{r}");
+    let (status, r) = s
+        .post(
+            "/v1/reservations/x/start",
+            serde_json::json!({"operation_id": "op"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(r["state"], "STARTED");
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["reserved_units"], 300);
+    assert_eq!(parts[0]["available_units"], 700);
+}
+
+/// Pipelining, success: the start decided while the reserve is in flight is
+/// answered after it, at a later log position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_batch_is_answered_after_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
+    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let calls = log.append_calls();
+    log.set_append_delay(Duration::from_millis(400));
+    let reserving = {
+        let s = s.clone();
+        tokio::spawn(async move { s.reserve("y", "t", "r", 300).await })
+    };
+    eventually(Duration::from_secs(5), || async {
+        (log.append_calls() > calls).then_some(())
+    })
+    .await;
+    let (status, started) = s
+        .post(
+            "/v1/reservations/y/start",
+            serde_json::json!({"operation_id": "op"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{started}");
+    let (status, reserved) = reserving.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{reserved}");
+    assert_eq!(log.append_calls(), calls + 2);
+    let at = |v: &serde_json::Value| v["log_position"]["offset"].as_u64().unwrap();
+    assert!(at(&started) > at(&reserved), "{started} after {reserved}");
+    log.set_append_delay(Duration::ZERO);
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["reserved_units"], 300);
+}
+
+/// An append that fails "in doubt" although its records landed: the writer
+/// re-claims the log and rebuilds from it, so the reservation counts; the
+/// client's retry with the same id gets it back, with no second debit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_append_that_landed_counts_once_after_the_rebuild() {
+    let (s, log, _dir) = TestServer::memory().await;
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    s.reserve("before", "t", "r", 100).await;
+    log.fail_next_append_in_doubt();
+    let (status, body) = s.reserve("d", "t", "r", 300).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    s.wait_ready().await;
+    let (status, r) = eventually(Duration::from_secs(10), || async {
+        let (status, r) = s.reserve("d", "t", "r", 300).await;
+        (status != StatusCode::SERVICE_UNAVAILABLE).then_some((status, r))
+    })
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the landed reservation is found: {r}"
+    );
+    assert_eq!(r["state"], "RESERVED");
+    let (status, _) = s.get("/v1/reservations/before").await;
+    assert_eq!(status, StatusCode::OK);
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["reserved_units"], 400, "no second debit");
+    assert_eq!(parts[0]["available_units"], 600);
+    let reserved_events = log
+        .records()
+        .iter()
+        .flat_map(|r| r.events.iter())
+        .filter(|e| matches!(e.body, reservoir_core::EventBody::Reserved { .. }))
+        .count();
+    assert_eq!(reserved_events, 2, "each reservation in the log once");
+    // The writer goes on under its new claim.
+    let (status, _) = s.reserve("after", "t", "r", 100).await;
+    assert_eq!(status, StatusCode::CREATED);
+    s.stop().await;
+}
+
+/// No sweeps or refills: the only batches are the test's own.
+fn quiet_config(dir: &std::path::Path) -> reservoir_server::Config {
+    reservoir_server::Config {
+        sweep_interval: Duration::from_secs(3_600),
+        refill_interval: Duration::from_secs(3_600),
+        ..test_config(dir)
+    }
 }
