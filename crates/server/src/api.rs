@@ -38,6 +38,8 @@ struct Inner {
     writers: std::sync::RwLock<Option<Writers>>,
     ready: AtomicBool,
     metrics: PrometheusHandle,
+    /// The projections' query side (see [`crate::queries`]).
+    queries: crate::queries::QueryHandle,
 }
 
 impl AppState {
@@ -47,6 +49,7 @@ impl AppState {
                 writers: std::sync::RwLock::new(None),
                 ready: AtomicBool::new(false),
                 metrics,
+                queries: Default::default(),
             }),
         }
     }
@@ -59,6 +62,15 @@ impl AppState {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Some(writers);
         self.inner.ready.store(true, Ordering::Release);
+    }
+
+    pub fn queries(&self) -> &crate::queries::QueryHandle {
+        &self.inner.queries
+    }
+
+    /// The partition holding reservation `id`, as the writers know it.
+    pub fn locate(&self, id: &ReservationId) -> Option<PartitionKey> {
+        self.writers().ok()?.locate(id)
     }
 
     pub fn set_not_ready(&self) {
@@ -105,6 +117,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/openapi.json", get(openapi_json))
+        .merge(crate::queries::routes())
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
         })
@@ -735,7 +748,9 @@ pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn openapi_json() -> impl IntoResponse {
-    Json(ApiDoc::openapi())
+    let mut doc = ApiDoc::openapi();
+    doc.merge(crate::queries::QueriesDoc::openapi());
+    Json(doc)
 }
 
 #[derive(OpenApi)]

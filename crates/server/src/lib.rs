@@ -9,6 +9,8 @@
 //! - [`recovery`]: rebuilds the shards from the log before the server is ready.
 //! - [`sweeper`]: lease expiry, hard execution limit and refill, by sending commands.
 //! - [`api`]: the axum routes, problem+json errors ([`problem`]) and the OpenAPI document.
+//! - [`queries`]: the read side: a projector following the same log into
+//!   `<data-dir>/projections`, and the query endpoints over it (`?min_position=`).
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
 //! - [`memlog`]: an in-memory log with fault injection, for tests.
 //! - [`cluster`]: several nodes on one Kafka topic (consumer-group ownership,
@@ -22,6 +24,7 @@ pub mod cluster;
 pub mod config;
 pub mod memlog;
 pub mod problem;
+pub mod queries;
 pub mod recovery;
 pub mod snapshot;
 pub mod sweeper;
@@ -71,6 +74,8 @@ pub async fn start<L: EventLog>(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let state = api::AppState::new(telemetry::install());
     let app = api::router(state.clone(), config.max_body_bytes);
+    // The read side follows the same log in its own database.
+    let projector = queries::spawn(log.clone(), &config.data_dir, state.queries().clone());
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
@@ -78,7 +83,7 @@ pub async fn start<L: EventLog>(
             .map_err(|e| e.to_string())
     });
 
-    let done = tokio::spawn(async move {
+    let serving = async move {
         let mut claim_epochs = claim_epochs;
         let mut snapshot = match config.snapshot_interval {
             Some(_) => snapshot::read(&config.data_dir),
@@ -216,6 +221,13 @@ pub async fn start<L: EventLog>(
             tracing::info!("stopped");
             return served;
         }
+    };
+    let done = tokio::spawn(async move {
+        let served = serving.await;
+        // The projection database closes before `done` resolves, so a restart
+        // in the same process can open it again.
+        projector.stop().await;
+        served
     });
     Ok(RunningServer { addr, done })
 }
