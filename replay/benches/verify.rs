@@ -13,7 +13,7 @@
 //! measured; the integration tests compare against real projector output).
 //!
 //! Timed: `reservoir-replay verify --balances-only` and full `verify` (every
-//! reservation record too) on the embedded log, best of `BENCH_ROUNDS`
+//! reservation record too) on the embedded log, the median (and the best) of `BENCH_ROUNDS`
 //! (default 3). With `RESERVOIR_TEST_BROKERS` set, also a Kafka topic of
 //! `BENCH_KAFKA_EVENTS` events (default 1,000,000) read from the broker.
 //!
@@ -244,23 +244,23 @@ fn verify(log_args: &[&str], projections: &Path, balances_only: bool) -> (f64, S
 
 fn measure(name: &str, events: u64, log_args: &[&str], projections: &Path, rounds: u64) {
     for balances_only in [true, false] {
-        let mut best = f64::MAX;
-        let mut line = String::new();
-        for _ in 0..rounds {
-            let (wall, summary) = verify(log_args, projections, balances_only);
-            if wall < best {
-                best = wall;
-                line = summary;
-            }
-        }
+        let mut runs: Vec<(f64, String)> = (0..rounds.max(1))
+            .map(|_| verify(log_args, projections, balances_only))
+            .collect();
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let walls: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.0)).collect();
+        // The median run (the lower middle one of an even count) and its own line.
+        let (median, line) = &runs[(runs.len() - 1) / 2];
         let what = if balances_only {
             "verify --balances-only"
         } else {
             "verify (balances + every reservation)"
         };
         println!(
-            "{name}: {what}: {events} events in {best:.2} s wall = {:.0} events/s end to end (best of {rounds})\n    binary said: {line}",
-            events as f64 / best
+            "{name}: {what}: {events} events in {median:.2} s wall = {:.0} events/s end to end (median of {rounds}; runs {} s; best {:.0} events/s)\n    binary said (median run): {line}",
+            events as f64 / median,
+            walls.join(", "),
+            events as f64 / runs[0].0,
         );
     }
 }

@@ -30,6 +30,26 @@ use reservoir_replay::{
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+// mimalloc's C API (linked through `mimalloc`; its `extended` feature would
+// declare the same function).
+extern "C" {
+    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+}
+/// `mi_option_arena_eager_commit` in mimalloc's `mi_option_e`.
+const MI_OPTION_ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
+
+/// Arenas are committed as they are used, not all at once: replay grows its
+/// heap to gigabytes, and committing whole arenas up front costs page faults
+/// on memory never touched (`MIMALLOC_ARENA_EAGER_COMMIT=0`, set in code; the
+/// environment variable still overrides it when given).
+fn tune_allocator() {
+    if std::env::var_os("MIMALLOC_ARENA_EAGER_COMMIT").is_none() {
+        // SAFETY: called first thing in `main`, before any other thread exists
+        // (mimalloc's option setters are not thread safe).
+        unsafe { mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
+    }
+}
+
 const AFTER_HELP: &str = "\
 Bad input. A record that does not decode, a gap in a partition's sequence
 numbers, or an event the core refuses (broken conservation, amounts that do not
@@ -142,6 +162,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -200,6 +221,7 @@ fn output(path: Option<&PathBuf>) -> Result<Box<dyn Write>, Stop> {
 
 /// Ok(true) clean, Ok(false) findings or differences reported.
 async fn run(cli: Cli) -> Result<bool, Stop> {
+    let started = std::time::Instant::now();
     if let Command::State {
         from_projections: Some(dir),
         ..
@@ -210,10 +232,20 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
         out.flush()?;
         return Ok(true);
     }
+    // verify: the projection database opens (RocksDB replays its WAL) while
+    // the log does (likewise).
+    let projections_opening = match &cli.command {
+        Command::Verify { projections, .. } => {
+            let dir = projections.clone();
+            Some(std::thread::spawn(move || verify::open(&dir)))
+        }
+        _ => None,
+    };
     let source = Source::open(&spec(&cli.log)?)
         .await
         .map_err(|e| Stop::Error(e.to_string()))?;
     let ends = log_ends(&source).await?;
+    let log_opened = started.elapsed();
     match cli.command {
         Command::Audit {
             tenant,
@@ -264,15 +296,18 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             balances_only,
             max_differences,
         } => {
-            let (db, _secondary) = verify::open(&projections)?;
+            let (db, secondary) = match projections_opening {
+                Some(opening) => opening.join().expect("projection opener")?,
+                None => verify::open(&projections)?,
+            };
             let (consumed, mut differences) = verify::projection_ends(&db, &ends)?;
+            let projections_opened = started.elapsed();
             let limit = engine::Limit {
                 ends: consumed,
                 until_ms: None,
             };
             let mut engine = Engine::new(source.log_partitions(), cli.strict, None);
             let bar = progress::bar(limit.ends.iter().sum(), cli.quiet);
-            let started = std::time::Instant::now();
             let result =
                 engine::run(&source, &mut engine, &limit, &mut Nothing, &|n| bar.inc(n)).await;
             bar.finish_and_clear();
@@ -280,41 +315,58 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             let replayed = started.elapsed();
             let findings = std::mem::take(&mut engine.findings);
             let events = engine.stats.events;
-            let (balances, reservations) = state::entries_with(&mut engine, !balances_only);
-            verify::compare(
+            let expected = verify::Expected::of(&mut engine);
+            let encoded = started.elapsed();
+            verify::compare_column(
                 "balance",
-                &balances,
-                &state::column(&db, store::BALANCES)?,
+                &expected.balances,
+                &db,
+                store::BALANCES,
                 &mut differences,
-            );
-            if !balances_only {
-                verify::compare(
-                    "reservation",
-                    &reservations,
-                    &state::column(&db, store::RESERVATIONS)?,
-                    &mut differences,
-                );
-            }
+            )?;
+            let reservations = if balances_only {
+                0
+            } else {
+                verify::compare_reservations(&expected, &db, &mut differences)?
+            };
+            let compared = started.elapsed();
             let mut out = output(None)?;
             for d in differences.iter().take(max_differences) {
                 serde_json::to_writer(&mut out, d).map_err(|e| Stop::Error(e.to_string()))?;
                 out.write_all(b"\n")?;
             }
             out.flush()?;
+            drop(out);
             report_findings(&findings);
             let total = started.elapsed();
             if !cli.quiet {
+                let s = |d: std::time::Duration| d.as_secs_f64();
+                let replay = s(replayed) - s(projections_opened);
                 eprintln!(
-                    "verify: {} partitions, {} reservations, {events} events; replay {:.2} s ({:.0} events/s), total {:.2} s; {} difference(s)",
-                    balances.len(),
-                    reservations.len(),
-                    replayed.as_secs_f64(),
-                    events as f64 / replayed.as_secs_f64().max(1e-9),
-                    total.as_secs_f64(),
-                    differences.len()
+                    "verify: {} partitions, {} reservations, {events} events; replay {:.2} s ({:.0} events/s), total {:.2} s; {} difference(s); phases: open log {:.2} s, open projections (concurrently) {:.2} s more, replay {:.2} s, encode balances {:.2} s, compare (encoding reservations) {:.2} s, output {:.2} s",
+                    expected.balances.len(),
+                    reservations,
+                    replay,
+                    events as f64 / replay.max(1e-9),
+                    s(total),
+                    differences.len(),
+                    s(log_opened),
+                    s(projections_opened) - s(log_opened),
+                    replay,
+                    s(encoded) - s(replayed),
+                    s(compared) - s(encoded),
+                    s(total) - s(compared),
                 );
             }
-            Ok(findings.is_empty() && differences.is_empty())
+            // Everything below is only memory: leave it to the process exit
+            // (freeing millions of strings and two databases' memtables costs
+            // seconds). The secondary instances' temporary directories are
+            // still removed.
+            let diffs_empty = differences.is_empty();
+            std::mem::forget((expected, engine, differences));
+            verify::leak_db(db, secondary);
+            source.leak();
+            Ok(findings.is_empty() && diffs_empty)
         }
         Command::Rebuild { into } => {
             if into.exists()

@@ -161,39 +161,15 @@ impl EmbeddedReader {
         self.raw(from, until, &mut raw)?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let chunk = raw.items.len().div_ceil(threads).max(DECODE_CHUNK_MIN);
-        let bytes = &raw.bytes;
-        let decode_all = |items: &[(u64, Option<(usize, usize)>)]| -> Vec<RawEntry> {
-            items
-                .iter()
-                .map(|(offset, span)| RawEntry {
-                    position: Position {
-                        log_partition: 0,
-                        offset: *offset,
-                    },
-                    entry: match span {
-                        None => Err(Unreadable {
-                            reason: "entry missing: a hole in the log's offsets".into(),
-                            key: None,
-                        }),
-                        Some((start, end)) => {
-                            let value = &bytes[*start..*end];
-                            decode::decode(value).map_err(|reason| Unreadable {
-                                reason,
-                                key: decode::peek_key(value),
-                            })
-                        }
-                    },
-                })
-                .collect()
-        };
         if raw.items.len() <= chunk {
-            return Ok(decode_all(&raw.items));
+            return Ok(raw.decode(&raw.items));
         }
+        let raw = &*raw;
         let parts: Vec<Vec<RawEntry>> = std::thread::scope(|s| {
             let handles: Vec<_> = raw
                 .items
                 .chunks(chunk)
-                .map(|items| s.spawn(move || decode_all(items)))
+                .map(|items| s.spawn(move || raw.decode(items)))
                 .collect();
             handles
                 .into_iter()
@@ -201,6 +177,119 @@ impl EmbeddedReader {
                 .collect()
         });
         Ok(parts.into_iter().flatten().collect())
+    }
+
+    /// Reads `[0, until)` in slices of `slice` offsets and hands them, decoded
+    /// and in order, to `each` — pipelined: one thread reads raw values from
+    /// RocksDB, a persistent pool (one decoder per core) decodes whole slices,
+    /// and the caller's thread only applies. Channels are bounded (a few slices
+    /// in flight), and raw buffers go back to the reader for reuse. An error
+    /// from `each` stops the pipeline (its threads see the closed channels).
+    pub fn scan_pipelined(
+        &self,
+        until: u64,
+        slice: usize,
+        mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
+    ) -> Result<(), crate::Stop> {
+        use std::collections::BTreeMap;
+        use std::sync::mpsc::{channel, sync_channel, Receiver};
+        use std::sync::Mutex;
+
+        let until = until.min(self.end);
+        if until == 0 {
+            return Ok(());
+        }
+        let decoders = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Raw slices waiting for a decoder, and decoded slices waiting for the
+        // caller: bounded, so memory stays a few slices whatever the log size.
+        let (raw_tx, raw_rx) = sync_channel::<(u64, RawSlice)>(2);
+        // Shared by the decoders; dropped with the last of them, which frees a
+        // reader blocked on a full channel when the caller stops early.
+        let raw_rx = std::sync::Arc::new(Mutex::new(raw_rx));
+        let (done_tx, done_rx) = sync_channel::<(u64, Vec<RawEntry>)>(decoders + 2);
+        let (free_tx, free_rx) = channel::<RawSlice>();
+        let (error_tx, error_rx) = channel::<LogError>();
+        std::thread::scope(|s| {
+            {
+                let error_tx = error_tx.clone();
+                s.spawn(move || {
+                    let mut at = 0u64;
+                    let mut seq = 0u64;
+                    while at < until {
+                        let to = until.min(at.saturating_add(slice as u64));
+                        let mut buf = free_rx.try_recv().unwrap_or_default();
+                        if let Err(e) = self.raw(at, to, &mut buf) {
+                            let _ = error_tx.send(e);
+                            return;
+                        }
+                        if raw_tx.send((seq, buf)).is_err() {
+                            return; // the caller stopped
+                        }
+                        seq += 1;
+                        at = to;
+                    }
+                });
+            }
+            for _ in 0..decoders {
+                let (raw_rx, done_tx, free_tx) = (raw_rx.clone(), done_tx.clone(), free_tx.clone());
+                s.spawn(move || loop {
+                    let next = raw_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok((seq, buf)) = next else { return };
+                    let decoded = buf.decode(&buf.items);
+                    let _ = free_tx.send(buf);
+                    if done_tx.send((seq, decoded)).is_err() {
+                        return;
+                    }
+                });
+            }
+            drop((raw_rx, done_tx, free_tx, error_tx));
+            let mut consume = |done_rx: Receiver<(u64, Vec<RawEntry>)>| -> Result<(), crate::Stop> {
+                let mut waiting = BTreeMap::new();
+                let mut next = 0u64;
+                for (seq, decoded) in done_rx {
+                    waiting.insert(seq, decoded);
+                    while let Some(decoded) = waiting.remove(&next) {
+                        next += 1;
+                        each(decoded)?;
+                    }
+                }
+                Ok(())
+            };
+            // Returning drops the receiver, which stops the other threads.
+            consume(done_rx)
+        })?;
+        match error_rx.try_recv() {
+            Ok(e) => Err(crate::Stop::Error(e.to_string())),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl RawSlice {
+    fn decode(&self, items: &[(u64, Option<(usize, usize)>)]) -> Vec<RawEntry> {
+        let bytes = &self.bytes;
+        items
+            .iter()
+            .map(|(offset, span)| RawEntry {
+                position: Position {
+                    log_partition: 0,
+                    offset: *offset,
+                },
+                entry: match span {
+                    None => Err(Unreadable {
+                        reason: "entry missing: a hole in the log's offsets".into(),
+                        key: None,
+                    }),
+                    Some((start, end)) => {
+                        let value = &bytes[*start..*end];
+                        decode::decode(value).map_err(|reason| Unreadable {
+                            reason,
+                            key: decode::peek_key(value),
+                        })
+                    }
+                },
+            })
+            .collect()
     }
 }
 
@@ -229,6 +318,20 @@ pub enum SourceSpec {
 }
 
 impl Source {
+    /// For a tool about to exit: removes the embedded reader's secondary
+    /// directory and leaves the database's memory to the process exit
+    /// instead of closing it (a Kafka source is closed as usual).
+    pub fn leak(self) {
+        match self {
+            Source::Embedded(e) => {
+                let EmbeddedReader { db, _secondary, .. } = e;
+                std::mem::forget(db);
+                drop(_secondary);
+            }
+            Source::Kafka(k) => drop(k),
+        }
+    }
+
     pub async fn open(spec: &SourceSpec) -> Result<Source, LogError> {
         match spec {
             SourceSpec::Embedded { log_dir } => {
@@ -276,6 +379,10 @@ impl Source {
         mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
     ) -> Result<(), crate::Stop> {
         const SLICE: usize = 16_384;
+        if let Source::Embedded(e) = self {
+            check_zero(log_partition).map_err(|e| crate::Stop::Error(e.to_string()))?;
+            return e.scan_pipelined(until, SLICE, each);
+        }
         let mut at = 0;
         while at < until {
             let want = usize::try_from(until - at).unwrap_or(usize::MAX).min(SLICE);

@@ -60,29 +60,64 @@ pub fn entries_of(engine: &mut Engine<'_>) -> (Vec<Entry>, Vec<Entry>) {
 /// [`entries_of`], leaving out the reservation records unless asked for.
 /// Takes the partitions out of `engine` and deliberately leaks their state (a
 /// tool that exits next should not spend seconds freeing millions of records).
+/// Partitions are encoded on every core (each thread a share of them).
 pub fn entries_with(engine: &mut Engine<'_>, with_reservations: bool) -> (Vec<Entry>, Vec<Entry>) {
-    let mut balances = Vec::new();
-    let mut reservations = Vec::new();
-    for (key, s) in std::mem::take(&mut engine.partitions) {
-        let proj = projection_of(&key, s);
-        let Some(balance) = PartitionBalance::of(&proj) else {
-            continue;
-        };
-        balances.push((store::partition_key(&key), json(&balance)));
-        if !with_reservations {
+    let partitions: Vec<_> = std::mem::take(&mut engine.partitions).into_iter().collect();
+    let encode = |share: Vec<(reservoir_core::PartitionKey, PartState)>| {
+        let mut balances = Vec::with_capacity(share.len());
+        let mut reservations = Vec::new();
+        for (key, s) in share {
+            let proj = projection_of(&key, s);
+            let Some(balance) = PartitionBalance::of(&proj) else {
+                continue;
+            };
+            balances.push((store::partition_key(&key), json(&balance)));
+            if with_reservations {
+                let prefix = store::partition_key(&key);
+                for (id, reservation) in &proj.partition.reservations {
+                    let record = ReservationRecord {
+                        key: key.clone(),
+                        reservation: reservation.clone(),
+                    };
+                    // = store::reservation_key(&key, id), without re-formatting the key.
+                    let mut k = String::with_capacity(prefix.len() + 1 + id.as_str().len());
+                    k.push_str(&prefix);
+                    k.push('|');
+                    k.push_str(id.as_str());
+                    reservations.push((k, json(&record)));
+                }
+            }
             // Freed at exit, not here: dropping millions of records costs seconds.
             std::mem::forget(proj);
-            continue;
         }
-        for (id, reservation) in &proj.partition.reservations {
-            let record = ReservationRecord {
-                key: key.clone(),
-                reservation: reservation.clone(),
-            };
-            reservations.push((store::reservation_key(&key, id.as_str()), json(&record)));
+        (balances, reservations)
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (mut balances, mut reservations) = if threads < 2 || partitions.len() < 64 {
+        encode(partitions)
+    } else {
+        // Shares of about equal work: deal partitions round-robin.
+        let mut shares: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, p) in partitions.into_iter().enumerate() {
+            shares[i % threads].push(p);
         }
-        std::mem::forget(proj);
-    }
+        let parts: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = shares
+                .into_iter()
+                .map(|share| s.spawn(move || encode(share)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("encoder thread"))
+                .collect()
+        });
+        let (mut balances, mut reservations) = (Vec::new(), Vec::new());
+        for (b, r) in parts {
+            balances.extend(b);
+            reservations.extend(r);
+        }
+        (balances, reservations)
+    };
     balances.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     reservations.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     (balances, reservations)
