@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::problem::{ApiError, Problem};
+use crate::sizing::EstimatorBody;
 use crate::writer::{Answer, LogPosition, PartitionView, Receipt, Request, Writers};
 
 /// Shared by every handler. The writers appear once recovery finished.
@@ -38,6 +39,8 @@ struct Inner {
     writers: std::sync::RwLock<Option<Writers>>,
     ready: AtomicBool,
     metrics: PrometheusHandle,
+    /// Estimator settings of the policies (see [`crate::sizing`]).
+    estimators: crate::sizing::EstimatorStore,
     /// The projections' query side (see [`crate::queries`]).
     queries: crate::queries::QueryHandle,
 }
@@ -50,6 +53,7 @@ impl AppState {
                 ready: AtomicBool::new(false),
                 metrics,
                 queries: Default::default(),
+                estimators: Default::default(),
             }),
         }
     }
@@ -62,6 +66,10 @@ impl AppState {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Some(writers);
         self.inner.ready.store(true, Ordering::Release);
+    }
+
+    pub fn estimators(&self) -> &crate::sizing::EstimatorStore {
+        &self.inner.estimators
     }
 
     pub fn queries(&self) -> &crate::queries::QueryHandle {
@@ -203,6 +211,10 @@ pub struct PublishPolicy {
     pub accounting_epoch: String,
     #[schema(value_type = PolicyDoc)]
     pub policy: Policy,
+    /// How reserves without `units` are sized on this route; its digest
+    /// becomes the policy's `estimator_digest` (give that empty or equal).
+    #[serde(default)]
+    pub estimator: Option<EstimatorBody>,
 }
 
 /// The identity of a ledger partition.
@@ -239,6 +251,9 @@ pub struct ActivePolicy {
     pub accounting_epoch: String,
     #[schema(value_type = PolicyDoc)]
     pub policy: Policy,
+    /// The estimator settings stored under the policy's `estimator_digest`
+    /// (absent: sized with the defaults).
+    pub estimator: Option<EstimatorBody>,
 }
 
 /// `POST /v1/reservations`. The id may come from the `Idempotency-Key` header instead.
@@ -251,8 +266,14 @@ pub struct ReserveBody {
     pub subject: String,
     #[schema(example = "chat.generate")]
     pub route: String,
+    /// Units to reserve. Absent: the server sizes the reservation from
+    /// `counted_input_tokens` and `max_tokens` (see the route's estimator).
     #[schema(example = 600)]
-    pub units: u64,
+    pub units: Option<u64>,
+    /// Input tokens the gateway counted (required when `units` is absent).
+    pub counted_input_tokens: Option<u64>,
+    /// The request's output limit, when it sets one (only without `units`).
+    pub max_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
@@ -405,6 +426,15 @@ pub async fn publish_policy(
     ApiJson(body): ApiJson<PublishPolicy>,
 ) -> Result<Response, ApiError> {
     let writers = state.writers()?;
+    let mut body = body;
+    if let Some(estimator) = &body.estimator {
+        let digest = check_estimator(estimator, &body.policy)?;
+        state
+            .estimators()
+            .put(estimator)
+            .map_err(|e| ApiError::unavailable(format!("cannot store the estimator: {e}")))?;
+        body.policy.estimator_digest = digest;
+    }
     let p = &body.policy;
     let key = PartitionKey::new(
         p.subject.clone(),
@@ -487,6 +517,7 @@ pub async fn get_policy(
         Answer::Policy { key, policy } => Ok(Json(ActivePolicy {
             partition_key: (&key).into(),
             accounting_epoch: key.accounting_epoch.clone(),
+            estimator: state.estimators().get(&policy.estimator_digest),
             policy: *policy,
         })
         .into_response()),
@@ -555,19 +586,151 @@ pub async fn reserve(
             e.to_string(),
         )
     })?;
-    let digest = request_digest(&body.subject, &body.route, body.units);
     let shard = match writers.locate(&id) {
         Some(existing) => writers.shard_of_key(&existing),
         None => writers.shard_of_key(&key),
+    };
+    let (digest, units, sizing) = match (body.units, body.counted_input_tokens, body.max_tokens) {
+        (Some(units), None, None) => (
+            request_digest(&body.subject, &body.route, units),
+            units,
+            None,
+        ),
+        (Some(_), ..) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                "give units, or counted_input_tokens (and max_tokens) to have the server size the reservation, not both",
+            ));
+        }
+        (None, None, _) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                "give units, or counted_input_tokens to have the server size the reservation",
+            ));
+        }
+        (None, Some(counted), max_tokens) => {
+            let sizing = size(
+                &state,
+                &writers,
+                shard,
+                &body.subject,
+                &body.route,
+                counted,
+                max_tokens,
+            )
+            .await?;
+            (
+                crate::sizing::sized_request_digest(
+                    &body.subject,
+                    &body.route,
+                    counted,
+                    max_tokens,
+                ),
+                sizing.units,
+                Some(sizing),
+            )
+        }
     };
     let request = Request::Reserve {
         subject: body.subject,
         route: body.route,
         id,
         digest,
-        units: body.units,
+        units,
+        sizing,
     };
     receipt_response(writers.call(shard, request).await?)
+}
+
+/// Validates an estimator against the policy it is published with; its digest.
+fn check_estimator(estimator: &EstimatorBody, policy: &Policy) -> Result<String, ApiError> {
+    let invalid =
+        |detail: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", detail);
+    estimator
+        .config()
+        .validate()
+        .map_err(|e| invalid(e.to_string()))?;
+    if let Some(sibling) = &estimator.sibling_route {
+        PartitionKey::new(policy.subject.clone(), sibling.clone(), "e", 0)
+            .map_err(|e| invalid(format!("estimator.sibling_route: {e}")))?;
+    }
+    let digest = estimator.digest();
+    if !policy.estimator_digest.is_empty() && policy.estimator_digest != digest {
+        return Err(invalid(format!(
+            "policy.estimator_digest is not the estimator's digest {digest} (leave it empty)"
+        )));
+    }
+    Ok(digest)
+}
+
+/// Sizes a reserve that gave no units (see [`crate::sizing`]): the active
+/// policy's estimator, the route's drift and estimates from the projections.
+async fn size(
+    state: &AppState,
+    writers: &Writers,
+    shard: usize,
+    subject: &str,
+    route: &str,
+    counted_input_tokens: u64,
+    max_tokens: Option<u64>,
+) -> Result<reservoir_core::Sizing, ApiError> {
+    let policy = match writers
+        .call(
+            shard,
+            Request::GetPolicy {
+                subject: subject.to_string(),
+                route: route.to_string(),
+            },
+        )
+        .await?
+    {
+        Answer::Policy { policy, .. } => policy,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("unexpected answer {other:?}"),
+            ))
+        }
+    };
+    let estimator = if policy.estimator_digest.is_empty() {
+        crate::sizing::default_estimator(&policy)
+    } else {
+        state.estimators().get(&policy.estimator_digest).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "estimator_unknown",
+                format!(
+                    "the policy's estimator {} is not stored on this node; publish the policy with its estimator again",
+                    policy.estimator_digest
+                ),
+            )
+        })?
+    };
+    let config = estimator.config();
+    let (drift, own, sibling) = crate::queries::sizing_inputs(
+        state,
+        route,
+        estimator.sibling_route.as_deref(),
+        config.quantile_ppm,
+    );
+    reservoir_core::size_reservation(
+        &config,
+        counted_input_tokens,
+        crate::sizing::drift_ppm(drift),
+        max_tokens,
+        own,
+        sibling,
+    )
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            e.to_string(),
+        )
+    })
 }
 
 async fn act(
@@ -780,6 +943,7 @@ async fn openapi_json() -> impl IntoResponse {
         StartBody,
         SettleBody,
         UsageBody,
+        EstimatorBody,
         ReleaseBody,
         PublishPolicy,
         PublishedPolicy,

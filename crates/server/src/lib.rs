@@ -26,6 +26,7 @@ pub mod memlog;
 pub mod problem;
 pub mod queries;
 pub mod recovery;
+pub mod sizing;
 pub mod snapshot;
 pub mod sweeper;
 pub mod telemetry;
@@ -74,6 +75,7 @@ pub async fn start<L: EventLog>(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let state = api::AppState::new(telemetry::install());
     let app = api::router(state.clone(), config.max_body_bytes);
+    state.estimators().set_dir(&config.data_dir);
     // The read side follows the same log in its own database.
     let projector = queries::spawn(log.clone(), &config.data_dir, state.queries().clone());
     let http = tokio::spawn(async move {

@@ -891,3 +891,36 @@ pub struct WaitMs {
     ))
 )]
 pub struct QueriesDoc;
+
+/// What reservation sizing reads from the projections, as far as they have
+/// followed the log: the route's input drift multiplier (ppm), its own output
+/// estimate and its sibling's, at `quantile_ppm`. Nothing while the
+/// projections are not open (a cold route then reserves its ceiling).
+pub fn sizing_inputs(
+    state: &AppState,
+    route: &str,
+    sibling: Option<&str>,
+    quantile_ppm: u64,
+) -> (
+    Option<u64>,
+    Option<reservoir_core::RouteEstimate>,
+    Option<reservoir_core::RouteEstimate>,
+) {
+    let Ok(live) = state.queries().live() else {
+        return (None, None, None);
+    };
+    let p = &live.projections;
+    let estimate = |route: &str| {
+        p.route_estimate_at(route, None, quantile_ppm)
+            .unwrap_or_else(|err| {
+                tracing::warn!(%err, route, "no route estimate for sizing");
+                None
+            })
+    };
+    let drift = p
+        .input_drift(route)
+        .ok()
+        .flatten()
+        .and_then(|d| d.multiplier_ppm());
+    (drift, estimate(route), sibling.and_then(estimate))
+}

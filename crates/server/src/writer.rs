@@ -130,6 +130,8 @@ pub enum Request {
         id: ReservationId,
         digest: RequestDigest,
         units: Units,
+        /// How the server sized `units` (recorded in the `Reserved` event).
+        sizing: Option<reservoir_core::Sizing>,
     },
     /// Start, Settle, Release, and the sweepers' Expire, MarkUsageUnknown, Refill.
     Act {
@@ -975,6 +977,7 @@ impl Shard {
                 id,
                 digest,
                 units,
+                sizing,
             } => {
                 let located = self.index.read().expect("index lock").get(&id).cloned();
                 let key = match located {
@@ -997,7 +1000,7 @@ impl Shard {
                         id,
                         digest,
                         units,
-                        sizing: None,
+                        sizing,
                     },
                 )
             }

@@ -30,5 +30,7 @@ mod openapi;
 mod queries;
 #[path = "server/recovery.rs"]
 mod recovery;
+#[path = "server/sizing.rs"]
+mod sizing;
 #[path = "server/sweepers.rs"]
 mod sweepers;

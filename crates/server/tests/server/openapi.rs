@@ -76,10 +76,17 @@ async fn openapi_document_matches_the_contract() {
     );
     assert_eq!(
         props(&doc, "ReserveBody"),
-        ["id", "subject", "route", "units"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        [
+            "id",
+            "subject",
+            "route",
+            "units",
+            "counted_input_tokens",
+            "max_tokens"
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     );
 
     // The documented policy is the core's wire form, field for field.
