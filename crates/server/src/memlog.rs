@@ -29,6 +29,8 @@ pub struct MemoryLog {
     refusing: Mutex<Option<LogError>>,
     ordered: bool,
     delay: Mutex<Duration>,
+    /// While set, every append stays in flight (its outcome already fixed).
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
     calls: AtomicUsize,
     /// The writer id of the latest claim (for `reclaim`).
     claimant: Mutex<Option<String>>,
@@ -51,6 +53,16 @@ impl MemoryLog {
     /// Each append resolves `delay` after its call (its outcome is fixed at the call).
     pub fn set_append_delay(&self, delay: Duration) {
         *self.delay.lock().expect("memlog lock") = delay;
+    }
+
+    /// Holds every append in flight until `release_appends`: lets a test order
+    /// events without depending on timing.
+    pub fn hold_appends(&self) {
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    pub fn release_appends(&self) {
+        self.held.store(false, Ordering::SeqCst);
     }
 
     /// The next append is written, then answered `InDoubt`.
@@ -208,9 +220,13 @@ impl EventLog for MemoryLog {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let outcome = self.append_now(batch);
         let delay = *self.delay.lock().expect("memlog lock");
+        let held = self.held.clone();
         async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
+            }
+            while held.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             outcome
         }
