@@ -58,6 +58,9 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
+    // Rarely written column families would otherwise pin every write-ahead log
+    // file, and every open (a restart, a replay verify) would replay them all.
+    options.set_max_total_wal_size(256 << 20);
     let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&options, path.as_ref(), cfs).map_err(store_error)?;
     Ok(Arc::new(db))
