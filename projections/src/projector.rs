@@ -214,7 +214,7 @@ impl<L: EventLog> Projector<L> {
                 encode(&stored),
             );
         }
-        work.finish(&db, &self.partitions)?;
+        work.finish(&db, &mut self.partitions)?;
         self.commit(work)?;
         self.poisoned = false;
         let _ = self.positions.send(self.positions());
@@ -277,6 +277,34 @@ impl<L: EventLog> Projector<L> {
     }
 }
 
+/// A partition's stored projection: its head from PARTITIONS plus its
+/// reservation records from RESERVATIONS (the head is stored without them, so a
+/// step writes what it touched, not the whole partition).
+pub fn stored_partition(
+    db: &DB,
+    key: &PartitionKey,
+) -> Result<PartitionProjection, ProjectionError> {
+    let mut stored: PartitionProjection =
+        get(db, store::PARTITIONS, &store::partition_key(key))?.unwrap_or_default();
+    let prefix = format!("{}|", store::partition_key(key));
+    let cf = db
+        .cf_handle(store::RESERVATIONS)
+        .ok_or_else(|| store::store_error("missing column family reservations"))?;
+    let mode = rocksdb::IteratorMode::From(prefix.as_bytes(), rocksdb::Direction::Forward);
+    for item in db.iterator_cf(&cf, mode) {
+        let (k, v) = item.map_err(store::store_error)?;
+        if !k.starts_with(prefix.as_bytes()) {
+            break;
+        }
+        let record: ReservationRecord = store::decode(store::RESERVATIONS, &k, &v)?;
+        stored
+            .partition
+            .reservations
+            .insert(record.reservation.id.clone(), record.reservation);
+    }
+    Ok(stored)
+}
+
 /// The projection of `key`, from the cache or the database.
 fn load_partition<'a>(
     db: &DB,
@@ -284,7 +312,7 @@ fn load_partition<'a>(
     key: &PartitionKey,
 ) -> Result<&'a mut PartitionProjection, ProjectionError> {
     if !cache.contains_key(key) {
-        let stored = get(db, store::PARTITIONS, &store::partition_key(key))?.unwrap_or_default();
+        let stored = stored_partition(db, key)?;
         cache.insert(key.clone(), stored);
     }
     Ok(cache.get_mut(key).expect("just inserted"))
@@ -351,13 +379,21 @@ impl Work {
     fn finish(
         &mut self,
         db: &DB,
-        partitions: &HashMap<PartitionKey, PartitionProjection>,
+        partitions: &mut HashMap<PartitionKey, PartitionProjection>,
     ) -> Result<(), ProjectionError> {
         let mut rollups: BTreeMap<(&'static str, String), Rollup> = BTreeMap::new();
         for (key, old) in std::mem::take(&mut self.old_balances) {
-            let proj = &partitions[&key];
             let pkey = store::partition_key(&key);
-            self.put(store::PARTITIONS, pkey.clone(), encode(proj));
+            // The partition's head only: its reservation records are stored
+            // one by one in RESERVATIONS (written below for every touched one),
+            // so a step costs what it touched, not the partition's whole size.
+            let proj = partitions
+                .get_mut(&key)
+                .expect("a touched partition is cached");
+            let reservations = std::mem::take(&mut proj.partition.reservations);
+            self.put(store::PARTITIONS, pkey.clone(), encode(&*proj));
+            proj.partition.reservations = reservations;
+            let proj = &partitions[&key];
             let new = PartitionBalance::of(proj);
             if let Some(new) = &new {
                 self.put(store::BALANCES, pkey, encode(new));

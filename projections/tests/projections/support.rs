@@ -328,17 +328,8 @@ pub fn check_conservation<L: EventLog>(projections: &Projections, driver: &Drive
     assert!(!balances.is_empty());
     for b in &balances {
         b.ledger.check().unwrap();
-        let stored: reservoir_projections::model::PartitionProjection = serde_json::from_slice(
-            &projections
-                .db()
-                .get_cf(
-                    projections.db().cf_handle(store::PARTITIONS).unwrap(),
-                    store::partition_key(&b.key),
-                )
-                .unwrap()
-                .unwrap(),
-        )
-        .unwrap();
+        let stored =
+            reservoir_projections::projector::stored_partition(projections.db(), &b.key).unwrap();
         stored.partition.check_invariants().unwrap();
         if !b.quarantined {
             let live = &driver.partitions[&b.key];
