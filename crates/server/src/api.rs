@@ -733,20 +733,26 @@ async fn size(
     })
 }
 
+/// The partition holding reservation `id` and its writer shard, or a 404.
+fn locate(writers: &Writers, id: &ReservationId) -> Result<(PartitionKey, usize), ApiError> {
+    let key = writers.locate(id).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_reservation",
+            format!("unknown reservation {id}"),
+        )
+    })?;
+    let shard = writers.shard_of_key(&key);
+    Ok((key, shard))
+}
+
 async fn act(
     state: &AppState,
     id: ReservationId,
     command: impl FnOnce(ReservationId) -> Command,
 ) -> Result<Response, ApiError> {
     let writers = state.writers()?;
-    let Some(key) = writers.locate(&id) else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_reservation",
-            format!("unknown reservation {id}"),
-        ));
-    };
-    let shard = writers.shard_of_key(&key);
+    let (key, shard) = locate(&writers, &id)?;
     receipt_response(
         writers
             .call(
@@ -841,14 +847,7 @@ pub async fn get_reservation(
 ) -> Result<Response, ApiError> {
     let id = path_id(path)?;
     let writers = state.writers()?;
-    let Some(key) = writers.locate(&id) else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_reservation",
-            format!("unknown reservation {id}"),
-        ));
-    };
-    let shard = writers.shard_of_key(&key);
+    let (key, shard) = locate(&writers, &id)?;
     receipt_response(writers.call(shard, Request::Get { key, id }).await?)
 }
 
