@@ -88,7 +88,16 @@ fn client() -> reqwest::Client {
 }
 
 /// Waits until `base` sees every partition served, by the nodes in `owners` only.
-async fn wait_served(http: &reqwest::Client, base: &str, owners: &[&str], timeout: Duration) {
+/// Waits until every partition is served by one of `owners`; with `every_owner_serves`, also
+/// until each of them serves at least one (a member that joins late would
+/// otherwise be seen owning nothing).
+async fn wait_served(
+    http: &reqwest::Client,
+    base: &str,
+    owners: &[&str],
+    every_owner_serves: bool,
+    timeout: Duration,
+) {
     let deadline = Instant::now() + timeout;
     let mut last = Value::Null;
     while Instant::now() < deadline {
@@ -99,7 +108,11 @@ async fn wait_served(http: &reqwest::Client, base: &str, owners: &[&str], timeou
                     && parts.iter().all(|p| {
                         p["state"] == "serving"
                             && owners.contains(&p["node_id"].as_str().unwrap_or(""))
-                    });
+                    })
+                    && (!every_owner_serves
+                        || owners
+                            .iter()
+                            .all(|o| parts.iter().any(|p| p["node_id"] == *o)));
                 if ok {
                     return;
                 }
@@ -247,6 +260,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
         &http,
         &bases[0],
         &["n1", "n2", "n3"],
+        true,
         Duration::from_secs(60),
     )
     .await;
@@ -301,7 +315,14 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     let killed = nodes[2].take().unwrap();
     drop(killed);
     let live = vec![bases[0].clone(), bases[1].clone()];
-    wait_served(&http, &bases[0], &["n1", "n2"], Duration::from_secs(60)).await;
+    wait_served(
+        &http,
+        &bases[0],
+        &["n1", "n2"],
+        false,
+        Duration::from_secs(60),
+    )
+    .await;
     for (id, (state, _)) in &acked {
         let (s, r) = split(
             http.get(format!("{}/v1/reservations/{id}", bases[1]))
@@ -340,7 +361,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
             })
         })
         .collect();
-    wait_served(&http, &bases[0], &["n1"], Duration::from_secs(60)).await;
+    wait_served(&http, &bases[0], &["n1"], false, Duration::from_secs(60)).await;
     let ids: Vec<String> = (0..6).map(|i| format!("c-{i}")).collect();
     cycles(&http, &bases[..1], &ids, &mut acked).await;
     unsafe { libc::kill(n2_pid, libc::SIGCONT) };
@@ -351,7 +372,14 @@ async fn three_nodes_split_route_fail_over_and_fence() {
         }
     }
     // n2 rejoins and gets partitions again; the cluster serves everything.
-    wait_served(&http, &bases[0], &["n1", "n2"], Duration::from_secs(60)).await;
+    wait_served(
+        &http,
+        &bases[0],
+        &["n1", "n2"],
+        false,
+        Duration::from_secs(60),
+    )
+    .await;
     let ids: Vec<String> = (0..12).map(|i| format!("d-{i}")).collect();
     cycles(&http, &live, &ids, &mut acked).await;
 
