@@ -10,7 +10,7 @@ use reservoir_core::{PartitionKey, RouteEstimate};
 use reservoir_log::Position;
 use rocksdb::DB;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::diagnosis::{diagnose, Diagnosis, DiagnosisInputs};
 use crate::model::{
@@ -44,13 +44,20 @@ pub struct RouteEstimateView {
 pub struct Projections {
     db: Arc<DB>,
     positions: Option<watch::Receiver<Vec<u64>>>,
+    /// Tells that projector a reader is waiting (it stops lingering).
+    hurry: Option<Arc<Notify>>,
 }
 
 impl Projections {
-    pub(crate) fn new(db: Arc<DB>, positions: watch::Receiver<Vec<u64>>) -> Self {
+    pub(crate) fn new(
+        db: Arc<DB>,
+        positions: watch::Receiver<Vec<u64>>,
+        hurry: Arc<Notify>,
+    ) -> Self {
         Self {
             db,
             positions: Some(positions),
+            hurry: Some(hurry),
         }
     }
 
@@ -59,6 +66,7 @@ impl Projections {
         Self {
             db,
             positions: None,
+            hurry: None,
         }
     }
 
@@ -95,6 +103,9 @@ impl Projections {
             }
             // Wake on the projector's signal when there is one; poll regardless,
             // so a projector in another process is followed too.
+            if let Some(hurry) = &self.hurry {
+                hurry.notify_one();
+            }
             let nap = (timeout - waited).min(Duration::from_millis(20));
             match positions.as_mut() {
                 Some(rx) => {

@@ -15,15 +15,14 @@
 //!
 //! The pieces: [`source`] reads the embedded log (as a RocksDB secondary, so a
 //! running server keeps its lock) or a Kafka topic, and hands over undecodable
-//! entries as data; [`decode`] is a fast decoder that defers to the canonical
-//! codec on anything unusual; [`engine`] applies the log's validity rule and
+//! entries as data (decoded by `reservoir_log::codec`, whose fast reader
+//! handles the current layout); [`engine`] applies the log's validity rule and
 //! `try_apply`, turning everything that does not fit into a located
 //! [`engine::Finding`] (what "continue" means is documented there).
 
 use std::collections::BTreeMap;
 
 pub mod audit;
-pub mod decode;
 pub mod engine;
 pub mod export;
 pub mod progress;

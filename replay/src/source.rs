@@ -19,12 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reservoir_core::PartitionKey;
+use reservoir_log::codec;
 use reservoir_log::embedded::{ENTRIES_CF, FORMAT_TAG, META_CF};
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
 use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
 use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, ReadOptions, DB};
-
-use crate::decode;
 
 /// Why an entry could not be read, and the ledger partition it names if the
 /// start of the value still says so.
@@ -282,9 +281,9 @@ impl RawSlice {
                     }),
                     Some((start, end)) => {
                         let value = &bytes[*start..*end];
-                        decode::decode(value).map_err(|reason| Unreadable {
-                            reason,
-                            key: decode::peek_key(value),
+                        codec::decode(value).map_err(|e| Unreadable {
+                            reason: e.to_string(),
+                            key: codec::peek_key(value),
                         })
                     }
                 },

@@ -1104,9 +1104,34 @@ pub fn decode_value_with<'r>(
     Ok((writer, value))
 }
 
-/// Decodes a framed value into a log entry.
+/// Decodes a framed value into a log entry: by the fast reader when the value
+/// is in the current layout, by [`decode_canonical`] otherwise. Both give the
+/// same answer for every input (the fast reader declines anything it does not
+/// recognise exactly); tests check that on every entry kind and on corruptions.
 pub fn decode(bytes: &[u8]) -> Result<LogEntry, CodecError> {
+    match crate::fast_decode::decode(bytes) {
+        Some(entry) => Ok(entry),
+        None => decode_canonical(bytes),
+    }
+}
+
+/// The fast reader alone: `None` when it declines the value (for tests and
+/// benchmarks; [`decode`] is what callers use).
+pub fn decode_fast(bytes: &[u8]) -> Option<LogEntry> {
+    crate::fast_decode::decode(bytes)
+}
+
+/// The canonical decoder: apache-avro's generic reader under the value's
+/// registered schema, then typed, resolving older versions field by field.
+pub fn decode_canonical(bytes: &[u8]) -> Result<LogEntry, CodecError> {
     decode_with(registry(), bytes)
+}
+
+/// Best effort: the ledger partition named at the start of an envelope, even
+/// when the rest of the value does not decode (to say where a corrupt entry
+/// belongs).
+pub fn peek_key(bytes: &[u8]) -> Option<PartitionKey> {
+    crate::fast_decode::peek_key(bytes)
 }
 
 /// [`decode`] against another registry. A value written under an older id is

@@ -19,6 +19,7 @@ use std::future::Future;
 
 pub mod codec;
 pub mod embedded;
+mod fast_decode;
 pub mod fence;
 pub mod kafka;
 

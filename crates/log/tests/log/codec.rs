@@ -64,6 +64,8 @@ fn every_entry_round_trips() {
         let id = u32::from_be_bytes(bytes[1..5].try_into().unwrap());
         assert_eq!(id, codec::schema_id(&entry));
         assert_eq!(codec::decode(&bytes).unwrap(), entry);
+        assert_eq!(codec::decode_canonical(&bytes).unwrap(), entry);
+        assert_eq!(codec::decode_fast(&bytes), Some(entry), "fast reader");
     }
 }
 
@@ -863,7 +865,8 @@ fn decode_errors_are_typed() {
 }
 
 /// Random bytes, every truncation and single-byte corruption of valid values:
-/// decoding returns `Ok` or a `CodecError`, never panics or aborts.
+/// decoding returns `Ok` or a `CodecError`, never panics or aborts, and the
+/// fast reader never answers differently from the canonical decoder.
 #[test]
 fn garbage_never_panics() {
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
@@ -880,17 +883,17 @@ fn garbage_never_panics() {
     let mut tried = 0usize;
     for bytes in &valid {
         for len in 0..bytes.len() {
-            let _ = codec::decode(&bytes[..len]);
+            same_answer(&bytes[..len]);
             tried += 1;
         }
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= (next() as u8) | 1;
-            let _ = codec::decode(&b);
+            same_answer(&b);
             // Keep the frame valid so the corruption reaches the Avro datum.
             let mut b = bytes.clone();
             b[i.max(codec::FRAME_HEADER_BYTES)] = next() as u8;
-            let _ = codec::decode(&b);
+            same_answer(&b);
             tried += 2;
         }
     }
@@ -900,8 +903,17 @@ fn garbage_never_panics() {
         if b.len() >= 5 && next() % 4 != 0 {
             b[..5].copy_from_slice(&[0, 0, 0, 0, 1 + (next() % 2) as u8]);
         }
-        let _ = codec::decode(&b);
+        same_answer(&b);
         tried += 1;
     }
     assert!(tried > 20_000);
+}
+
+/// Decodes `bytes` both ways: the answers must be the same.
+fn same_answer(bytes: &[u8]) {
+    let canonical = codec::decode_canonical(bytes);
+    assert_eq!(codec::decode(bytes), canonical, "{bytes:?}");
+    if let Some(fast) = codec::decode_fast(bytes) {
+        assert_eq!(Ok(fast), canonical, "{bytes:?}");
+    }
 }

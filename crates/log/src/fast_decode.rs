@@ -1,32 +1,26 @@
-//! A fast decoder for the two entry kinds the log holds, written straight
-//! against the Avro binary layout of the *current* registered schemas (the
-//! mirror image of `reservoir_log::codec`'s hand-written encoder).
+//! The fast path of [`codec::decode`](crate::codec::decode): a reader written
+//! straight against the Avro binary layout of the *current* registered
+//! schemas (the mirror image of the hand-written encoder in [`crate::codec`]).
 //!
-//! Replay decodes every entry of the log, and the canonical decoder
-//! ([`codec::decode`]) goes through apache-avro's generic `Value` tree, which
-//! costs several microseconds per record. This reader allocates only the
-//! strings the types need. It is an accelerator, never an authority: any value
-//! it does not recognise exactly (another schema id, an unexpected union
-//! branch, a negative or oversized number, trailing bytes, a bad identifier)
-//! goes to [`codec::decode`], whose answer — entry or error — is what counts.
-//! Tests decode every record of real logs both ways and require equality.
+//! The canonical decoder goes through apache-avro's generic `Value` tree and
+//! resolves the writer schema on every call, which costs several microseconds
+//! per record — most of the projector's time when it follows a busy log. This
+//! reader allocates only the strings the types need. It is an accelerator,
+//! never an authority: any value it does not recognise exactly (another
+//! schema id, an unexpected union branch, a negative or oversized number,
+//! trailing bytes, a bad identifier) returns `None` and goes to the canonical
+//! decoder, whose answer — entry or error — is what counts. Tests decode every
+//! entry kind, every truncation and thousands of corruptions both ways and
+//! require the same answer.
 
 use reservoir_core::{
     CapacityUnit, EmergencyMode, Event, EventBody, MoveId, OperationId, PartitionKey, Policy,
     RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing,
     SizingRule, Usage,
 };
-use reservoir_log::codec::{self, CLAIM_ID, ENVELOPE_ID, MAGIC_BYTE};
-use reservoir_log::{Claim, LogEntry, Record};
 
-/// Decodes one framed value: fast when it can, canonical otherwise. The error
-/// text is the canonical decoder's.
-pub fn decode(bytes: &[u8]) -> Result<LogEntry, String> {
-    if let Some(entry) = fast(bytes) {
-        return Ok(entry);
-    }
-    codec::decode(bytes).map_err(|e| e.to_string())
-}
+use crate::codec::{self, CLAIM_ID, ENVELOPE_ID, MAGIC_BYTE};
+use crate::{Claim, LogEntry, Record};
 
 /// True when the fast path applies to values framed with `id`: the id must be
 /// the subject's current registered schema (the layout this file mirrors).
@@ -44,7 +38,7 @@ fn fast_ids() -> (bool, bool) {
 }
 
 /// The fast path; `None` means "ask the canonical decoder".
-pub fn fast(bytes: &[u8]) -> Option<LogEntry> {
+pub(crate) fn decode(bytes: &[u8]) -> Option<LogEntry> {
     if bytes.len() < 5 || bytes.len() > codec::MAX_VALUE_BYTES || bytes[0] != MAGIC_BYTE {
         return None;
     }
@@ -67,7 +61,7 @@ pub fn fast(bytes: &[u8]) -> Option<LogEntry> {
 
 /// Best effort: the ledger partition named at the start of an envelope, even
 /// when the rest of the value does not decode (to locate a finding).
-pub fn peek_key(bytes: &[u8]) -> Option<PartitionKey> {
+pub(crate) fn peek_key(bytes: &[u8]) -> Option<PartitionKey> {
     if bytes.len() < 5 || bytes[0] != MAGIC_BYTE {
         return None;
     }
