@@ -32,7 +32,7 @@ use reservoir_log::{EventLog, Position};
 use reservoir_projections::model::{EfficiencyHistogram, PartitionBalance, Rollup};
 use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::api::{AppState, PartitionKeyView};
@@ -80,27 +80,71 @@ impl QueryHandle {
     }
 }
 
-/// The running projector task; [`ProjectorTask::stop`] ends it and closes the
+/// The running projector; [`ProjectorTask::stop`] ends it and closes the
 /// projection database.
 pub struct ProjectorTask {
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    done: oneshot::Receiver<()>,
 }
 
 impl ProjectorTask {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        let _ = self.done.await;
     }
 }
 
+/// Niceness of the projector thread: the read side may lag a little under
+/// load, a request must not wait behind a projector step.
+pub const PROJECTOR_NICE: i32 = 10;
+
 /// Starts following `log` into `<data_dir>/projections`, publishing the query
 /// side in `handle`.
+///
+/// The projector runs on its own thread (with its own single-threaded
+/// runtime) at a lower scheduling priority ([`PROJECTOR_NICE`]), not on the
+/// runtime that serves requests: one step folds up to thousands of events, and
+/// on a tokio worker it would hold up every request queued behind it.
 pub fn spawn<L: EventLog>(log: Arc<L>, data_dir: &FsPath, handle: QueryHandle) -> ProjectorTask {
     let (stop, stop_rx) = watch::channel(false);
+    let (done_tx, done) = oneshot::channel();
     let path = data_dir.join(PROJECTIONS_DIR);
-    let task = tokio::spawn(follow(log, path, handle, stop_rx));
-    ProjectorTask { stop, task }
+    let spawned = std::thread::Builder::new()
+        .name("reservoir-projector".into())
+        .spawn(move || {
+            lower_priority(PROJECTOR_NICE);
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(follow(log, path, handle, stop_rx)),
+                Err(err) => tracing::error!(%err, "projector runtime; queries stay unavailable"),
+            }
+            let _ = done_tx.send(());
+        });
+    if let Err(err) = spawned {
+        // `done_tx` was dropped with the closure: `stop` returns at once.
+        tracing::error!(%err, "projector thread; queries stay unavailable");
+    }
+    ProjectorTask { stop, done }
+}
+
+/// Lowers the calling thread's scheduling priority (Linux: nice is per thread).
+fn lower_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take no pointers; failure only
+        // leaves the priority as it was.
+        let rc = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+        };
+        if rc != 0 {
+            tracing::debug!(nice, "could not lower the projector's priority");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {

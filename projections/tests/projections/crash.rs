@@ -58,31 +58,45 @@ async fn failure_between_apply_and_commit_then_restart() {
 
 const CHILD_ENV: &str = "RESERVOIR_PROJECTION_CHILD";
 
-/// Parent: runs the projector in a child process, SIGKILLs it mid-run,
-/// restarts it here and compares with a rebuild. Child (env set): projects in
-/// small synced steps, reporting each commit on stdout.
-#[test]
-fn sigkill_mid_run_then_restart() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    if let Ok(dirs) = std::env::var(CHILD_ENV) {
-        let (log_path, db_path) = dirs.split_once('\n').unwrap();
-        return runtime.block_on(async {
-            let log = Arc::new(EmbeddedLog::open(log_path, "child").unwrap());
-            let db = store::open(db_path).unwrap();
-            let config = ProjectorConfig {
-                read_entries_max: 3,
-                sync_writes: true,
-                ..ProjectorConfig::default()
-            };
-            let mut projector = Projector::open(log, db, config).unwrap();
-            for n in 0.. {
-                if projector.step().await.unwrap().entries == 0 {
-                    break;
-                }
-                println!("committed {n}");
+/// Steps the child commits before it is killed.
+const KILL_AFTER: usize = 40;
+/// In the default (WAL-less) mode the child flushes after every this many steps.
+const FLUSH_EVERY: usize = 10;
+/// Entries each of the child's steps reads.
+const CHILD_STEP: usize = 3;
+
+/// Child (env set): projects in small steps, reporting each commit on stdout;
+/// `synced` writes through the WAL, the default mode flushes every
+/// [`FLUSH_EVERY`] steps as a full memtable would.
+fn child(dirs: &str) {
+    let (mode, rest) = dirs.split_once('\n').unwrap();
+    let (log_path, db_path) = rest.split_once('\n').unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let log = Arc::new(EmbeddedLog::open(log_path, "child").unwrap());
+        let db = store::open(db_path).unwrap();
+        let config = ProjectorConfig {
+            read_entries_max: CHILD_STEP,
+            sync_writes: mode == "synced",
+            ..ProjectorConfig::default()
+        };
+        let mut projector = Projector::open(log, db.clone(), config).unwrap();
+        for n in 1.. {
+            if projector.step().await.unwrap().entries == 0 {
+                break;
             }
-        });
-    }
+            if mode != "synced" && n % FLUSH_EVERY == 0 {
+                store::flush(&db).unwrap();
+            }
+            println!("committed {n}");
+        }
+    });
+}
+
+/// Parent: runs the projector in a child process, SIGKILLs it mid-run,
+/// restarts it here and compares with a rebuild. Returns where the restarted
+/// projector resumed.
+fn sigkill_mid_run_then_restart(mode: &str) -> u64 {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("log");
     let db_path: PathBuf = dir.path().join("projection");
@@ -90,13 +104,13 @@ fn sigkill_mid_run_then_restart() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "projections::crash::sigkill_mid_run_then_restart",
+            "projections::crash::child_process",
             "--nocapture",
             "--test-threads=1",
         ])
         .env(
             CHILD_ENV,
-            format!("{}\n{}", log_path.display(), db_path.display()),
+            format!("{mode}\n{}\n{}", log_path.display(), db_path.display()),
         )
         .stdout(Stdio::piped())
         .spawn()
@@ -106,13 +120,13 @@ fn sigkill_mid_run_then_restart() {
     while let Some(Ok(line)) = lines.next() {
         if line.starts_with("committed ") {
             commits += 1;
-            if commits == 40 {
+            if commits == KILL_AFTER {
                 break;
             }
         }
     }
     assert_eq!(
-        commits, 40,
+        commits, KILL_AFTER,
         "the child finished or died before it could be killed"
     );
     child.kill().unwrap(); // SIGKILL
@@ -122,9 +136,42 @@ fn sigkill_mid_run_then_restart() {
         let db = store::open(&db_path).unwrap();
         let mut projector = Projector::open(log.clone(), db.clone(), config(64)).unwrap();
         let resumed_at = projector.positions()[0];
-        assert!(resumed_at >= 40 * 3, "resumed at {resumed_at}");
         projector.catch_up().await.unwrap();
         let reference = rebuild(log, &dir.path().join("reference"), 1_024).await;
         assert_same(&dump(&db).unwrap(), &reference);
-    });
+        resumed_at
+    })
+}
+
+/// The child half of the SIGKILL tests (does nothing unless spawned by them).
+#[test]
+fn child_process() {
+    if let Ok(dirs) = std::env::var(CHILD_ENV) {
+        child(&dirs);
+    }
+}
+
+/// Synced batches through the WAL: the restart resumes after the last step
+/// the child reported (or later), and derives the same projection.
+#[test]
+fn sigkill_with_synced_writes_resumes_after_the_last_commit() {
+    let resumed_at = sigkill_mid_run_then_restart("synced");
+    assert!(
+        resumed_at >= (KILL_AFTER * CHILD_STEP) as u64,
+        "resumed at {resumed_at}"
+    );
+}
+
+/// The default, WAL-less batches: only flushed steps survive (so the restart
+/// resumes exactly at a flush point, which shows the WAL really is off), the
+/// lost steps are derived again from the log, and the projection is the same.
+#[test]
+fn sigkill_without_wal_resumes_at_the_last_flush() {
+    let resumed_at = sigkill_mid_run_then_restart("default");
+    let flush_offsets = (FLUSH_EVERY * CHILD_STEP) as u64;
+    assert_eq!(resumed_at % flush_offsets, 0, "resumed at {resumed_at}");
+    assert!(
+        resumed_at >= ((KILL_AFTER - FLUSH_EVERY) * CHILD_STEP) as u64,
+        "resumed at {resumed_at}"
+    );
 }
