@@ -29,7 +29,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use reservoir_core::{Ledger, ReservationId};
 use reservoir_log::{EventLog, Position};
-use reservoir_projections::model::{EfficiencyHistogram, PartitionBalance, Rollup};
+use reservoir_projections::model::{
+    EfficiencyHistogram, PartitionBalance, ReservationRecord, Rollup,
+};
 use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
@@ -49,7 +51,21 @@ pub const PROJECTIONS_DIR: &str = "projections";
 /// The current query side, shared by the handlers and the projector task.
 #[derive(Clone, Default)]
 pub struct QueryHandle {
-    inner: Arc<RwLock<Option<Live>>>,
+    inner: Arc<RwLock<Published>>,
+}
+
+/// What a handle shows: its own projector's projection, or another handle's
+/// (a cluster node's partition routers all read the node's one projector).
+#[derive(Clone)]
+enum Published {
+    Own(Option<Live>),
+    Shared(QueryHandle),
+}
+
+impl Default for Published {
+    fn default() -> Self {
+        Published::Own(None)
+    }
 }
 
 #[derive(Clone)]
@@ -60,23 +76,42 @@ struct Live {
 
 impl QueryHandle {
     fn set(&self, live: Option<Live>) {
-        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = live;
+        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Published::Own(live);
+    }
+
+    /// From now on this handle shows whatever `source` shows (`source` must
+    /// not itself end up showing this handle).
+    pub fn share(&self, source: &QueryHandle) {
+        assert!(
+            !Arc::ptr_eq(&self.inner, &source.inner),
+            "a query handle cannot show itself"
+        );
+        *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Published::Shared(source.clone());
+    }
+
+    /// Whether a projection is open behind this handle.
+    pub fn is_live(&self) -> bool {
+        self.current().is_some()
+    }
+
+    fn current(&self) -> Option<Live> {
+        let published = self.inner.read().unwrap_or_else(|e| e.into_inner()).clone();
+        match published {
+            Published::Own(live) => live,
+            Published::Shared(source) => source.current(),
+        }
     }
 
     fn live(&self) -> Result<Live, ApiError> {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or_else(|| {
-                let mut e = ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "projections_unavailable",
-                    "the projection database is not open (yet)",
-                );
-                e.retry_after_s = Some(1);
-                e
-            })
+        self.current().ok_or_else(|| {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "projections_unavailable",
+                "the projection database is not open (yet)",
+            );
+            e.retry_after_s = Some(1);
+            e
+        })
     }
 }
 
@@ -866,13 +901,22 @@ pub async fn reservation(
             format!("reservation {id} is not in the projection"),
         )
     };
-    // The writers know which partition holds the id.
-    let key = state.locate(&id).ok_or_else(unknown)?;
-    let record = live
-        .projections
-        .reservation(&key, id.as_str())
-        .map_err(store_failure)?
-        .ok_or_else(unknown)?;
+    // The writers know which partition holds the id; a process without them
+    // (a cluster node's other partitions, `reservoir project`) looks it up
+    // in the projection itself.
+    let record = match state.locate(&id) {
+        Some(key) => live
+            .projections
+            .reservation(&key, id.as_str())
+            .map_err(store_failure)?,
+        None => None,
+    };
+    let record = match record {
+        Some(record) => record,
+        None => find_reservation(&live.projections, id.as_str())
+            .map_err(store_failure)?
+            .ok_or_else(unknown)?,
+    };
     let r = &record.reservation;
     Ok(Json(ReservationRecordView {
         id: r.id.to_string(),
@@ -891,6 +935,45 @@ pub async fn reservation(
         projected_to: projected_to(&live)?,
     })
     .into_response())
+}
+
+/// A reservation's projected record by id alone, for a process whose writers
+/// do not know the id. Records are keyed by partition key then id, so this
+/// reads every key of the column family (values only where the id matches):
+/// linear in the number of projected reservations.
+fn find_reservation(
+    projections: &Projections,
+    id: &str,
+) -> Result<Option<ReservationRecord>, ProjectionError> {
+    let db = projections.db();
+    let cf = db
+        .cf_handle(store::RESERVATIONS)
+        .ok_or_else(|| ProjectionError::Store("no reservations column family".into()))?;
+    let suffix = format!("|{id}");
+    let mut options = rocksdb::ReadOptions::default();
+    options.fill_cache(false);
+    let mut iter = db.raw_iterator_cf_opt(cf, options);
+    iter.seek_to_first();
+    while iter.valid() {
+        if let (Some(key), Some(value)) = (iter.key(), iter.value()) {
+            // Identifiers never contain `|`: the id is the last segment.
+            if key.ends_with(suffix.as_bytes()) {
+                let record: ReservationRecord =
+                    serde_json::from_slice(value).map_err(|e| ProjectionError::Corrupt {
+                        cf: store::RESERVATIONS,
+                        key: String::from_utf8_lossy(key).into_owned(),
+                        reason: e.to_string(),
+                    })?;
+                if record.reservation.id.as_str() == id {
+                    return Ok(Some(record));
+                }
+            }
+        }
+        iter.next();
+    }
+    iter.status()
+        .map_err(|e| ProjectionError::Store(e.to_string()))?;
+    Ok(None)
 }
 
 /// `?min_position=`: a write's `log_position` as `LP:OFFSET`, or a bare offset
