@@ -27,6 +27,10 @@ pub struct Cli {
 pub enum CliCommand {
     /// Recover the ledger from the log and serve the HTTP API.
     Serve(Box<ServeArgs>),
+    /// Run only the projector and the query API: follow a log another
+    /// process writes (a Kafka topic, or a running `reservoir serve`'s
+    /// embedded log), never claiming or appending.
+    Project(Box<ProjectArgs>),
     /// Ask a running node about the cluster.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -122,6 +126,151 @@ pub struct ServeArgs {
     /// (and at shutdown), so a restart replays only the log after it. 0 = never. Default 300.
     #[arg(long, env = "RESERVOIR_SNAPSHOT_INTERVAL_SECS")]
     pub snapshot_interval_secs: Option<u64>,
+}
+
+/// Which log `reservoir project` follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProjectLogKind {
+    /// The embedded log of a running `reservoir serve` (`--log-dir`), read as
+    /// a RocksDB secondary instance: no lock taken, nothing written to it.
+    Embedded,
+    /// A Kafka topic on `--brokers`, read through the log's fence rule.
+    Kafka,
+}
+
+/// `reservoir project`: same precedence as `serve` (flag, `RESERVOIR_*`
+/// environment, `--config` TOML file, default). The data directory and the
+/// listen address have their own variables (`RESERVOIR_PROJECTOR_*`), so a
+/// projector started in a server's environment does not take the server's
+/// directory or port; the log settings share the server's.
+#[derive(Clone, Debug, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProjectArgs {
+    /// TOML file with any of the settings below (flags and environment win).
+    #[arg(long, env = "RESERVOIR_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Directory of the projection database (`<data-dir>/projections`), not
+    /// the server's. Default `./reservoir-projector`.
+    #[arg(long, env = "RESERVOIR_PROJECTOR_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP listen address of the query API. Default `127.0.0.1:8081`.
+    #[arg(long, env = "RESERVOIR_PROJECTOR_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Log to follow: `embedded` (default) or `kafka`.
+    #[arg(long, value_enum, env = "RESERVOIR_LOG")]
+    pub log: Option<ProjectLogKind>,
+    /// With `--log embedded`: the server's embedded log directory
+    /// (`<server data-dir>/log`), or the server's data directory itself.
+    /// Default `./reservoir-data/log`.
+    #[arg(long, env = "RESERVOIR_LOG_DIR")]
+    pub log_dir: Option<PathBuf>,
+    /// Kafka bootstrap servers (`HOST:PORT[,HOST:PORT]`), with `--log kafka`.
+    #[arg(long, env = "RESERVOIR_BROKERS")]
+    pub brokers: Option<String>,
+    /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
+    #[arg(long, env = "RESERVOIR_TOPIC")]
+    pub topic: Option<String>,
+}
+
+/// Resolved settings of `reservoir project`.
+#[derive(Clone, Debug)]
+pub struct ProjectConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub log: ProjectSource,
+}
+
+/// The log a projector follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProjectSource {
+    /// An embedded log directory (the one holding RocksDB's `CURRENT`).
+    Embedded {
+        log_dir: PathBuf,
+    },
+    Kafka {
+        brokers: String,
+        topic: String,
+    },
+}
+
+impl ProjectArgs {
+    /// Reads `--config` if given and resolves every setting.
+    pub fn resolve(self) -> Result<ProjectConfig, String> {
+        let file = match &self.config {
+            Some(path) => read_toml::<ProjectArgs>(path)?,
+            None => ProjectArgs::default(),
+        };
+        let data_dir = self
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from("./reservoir-projector"));
+        let listen = self
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| "127.0.0.1:8081".parse().expect("valid default address"));
+        let log = match self.log.or(file.log).unwrap_or(ProjectLogKind::Embedded) {
+            ProjectLogKind::Kafka => {
+                if self.log_dir.is_some() || file.log_dir.is_some() {
+                    return Err("--log-dir is for --log embedded, not kafka".to_string());
+                }
+                let brokers = self
+                    .brokers
+                    .or(file.brokers)
+                    .filter(|b| !b.trim().is_empty())
+                    .ok_or("--log kafka needs --brokers HOST:PORT")?;
+                let topic = self
+                    .topic
+                    .or(file.topic)
+                    .unwrap_or_else(|| Config::default().topic);
+                if topic.is_empty() {
+                    return Err("--topic must not be empty".to_string());
+                }
+                ProjectSource::Kafka { brokers, topic }
+            }
+            ProjectLogKind::Embedded => {
+                if self.brokers.is_some() || file.brokers.is_some() {
+                    return Err(
+                        "--brokers is for --log kafka; the embedded log is read from --log-dir"
+                            .to_string(),
+                    );
+                }
+                let given = self
+                    .log_dir
+                    .or(file.log_dir)
+                    .unwrap_or_else(|| Config::default().data_dir.join("log"));
+                // A server's data directory names its log directory `log`.
+                let log_dir =
+                    if !given.join("CURRENT").exists() && given.join("log/CURRENT").exists() {
+                        given.join("log")
+                    } else {
+                        given
+                    };
+                if same_dir(&data_dir, &log_dir)
+                    || same_dir(&data_dir, log_dir.parent().unwrap_or(Path::new(".")))
+                {
+                    return Err(format!(
+                        "--data-dir {} is the server's data directory; the projector needs its own (the server keeps its projection database there)",
+                        data_dir.display()
+                    ));
+                }
+                ProjectSource::Embedded { log_dir }
+            }
+        };
+        Ok(ProjectConfig {
+            data_dir,
+            listen,
+            log,
+        })
+    }
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 /// Fully resolved settings.
@@ -310,6 +459,10 @@ impl Config {
 }
 
 fn read_file(path: &Path) -> Result<ServeArgs, String> {
+    read_toml(path)
+}
+
+fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
     toml::from_str(&text).map_err(|e| format!("invalid config {}: {e}", path.display()))
@@ -363,5 +516,65 @@ mod tests {
         }
         .resolve()
         .is_err());
+    }
+
+    #[test]
+    fn project_settings_resolve_and_refuse() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("projector.toml");
+        std::fs::write(
+            &path,
+            "log = \"kafka\"\nbrokers = \"b:9092\"\nlisten = \"127.0.0.1:9001\"\n",
+        )
+        .unwrap();
+        let c = ProjectArgs {
+            config: Some(path),
+            topic: Some("t".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
+        assert_eq!(
+            c.log,
+            ProjectSource::Kafka {
+                brokers: "b:9092".into(),
+                topic: "t".into()
+            }
+        );
+        // A server's data directory stands for its `log` directory.
+        let server = dir.path().join("server");
+        std::fs::create_dir_all(server.join("log")).unwrap();
+        std::fs::write(server.join("log/CURRENT"), "").unwrap();
+        let c = ProjectArgs {
+            log_dir: Some(server.clone()),
+            data_dir: Some(dir.path().join("projector")),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            c.log,
+            ProjectSource::Embedded {
+                log_dir: server.join("log")
+            }
+        );
+        for bad in [
+            ProjectArgs {
+                log: Some(ProjectLogKind::Kafka),
+                ..Default::default()
+            },
+            ProjectArgs {
+                log_dir: Some(server.clone()),
+                data_dir: Some(server.clone()),
+                ..Default::default()
+            },
+            ProjectArgs {
+                brokers: Some("b:9092".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.resolve().is_err());
+        }
     }
 }

@@ -14,7 +14,10 @@
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
 //! - [`memlog`]: an in-memory log with fault injection, for tests.
 //! - [`cluster`]: several nodes on one Kafka topic (consumer-group ownership,
-//!   claims, routing between nodes, `GET /v1/cluster`).
+//!   claims, routing between nodes, `GET /v1/cluster`); every node also runs
+//!   the projector over the whole topic and answers the queries itself.
+//! - [`project`]: `reservoir project`, the projector and query API alone,
+//!   following a Kafka topic or a running server's embedded log read-only.
 //!
 //! [`start`] runs a server on any [`EventLog`] until its shutdown future resolves;
 //! the binary passes SIGTERM/Ctrl-C, tests pass a channel.
@@ -24,6 +27,7 @@ pub mod cluster;
 pub mod config;
 pub mod memlog;
 pub mod problem;
+pub mod project;
 pub mod queries;
 pub mod recovery;
 pub mod sizing;

@@ -4,6 +4,9 @@
 //! every partition of the topic; add `--cluster-group NAME` to run as one of
 //! several nodes sharing the topic, see `reservoir_server::cluster`) and serves
 //! the HTTP API until SIGTERM or Ctrl-C, finishing the batch in flight.
+//! `reservoir project` runs only the projector and the query API, following a
+//! Kafka topic or a running server's embedded log without writing to it (see
+//! `reservoir_server::project`).
 //! `reservoir cluster status --url URL` prints a node's view of the cluster.
 //!
 //! A panic anywhere aborts the process: a broken invariant must crash, and
@@ -44,6 +47,27 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         CliCommand::Serve(args) => *args,
+        CliCommand::Project(args) => {
+            let config = match args.resolve() {
+                Ok(c) => c,
+                Err(err) => {
+                    eprintln!("reservoir: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            return match runtime.block_on(reservoir_server::project::run(config, shutdown_signal()))
+            {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("reservoir: {err}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         CliCommand::Cluster(ClusterCommand::Status { url, json }) => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -1,0 +1,432 @@
+//! `reservoir project`: the projector and the query API alone, in their own
+//! process, following a log that other processes write.
+//!
+//! - `--log kafka`: the topic, through the fence rule like every reader. The
+//!   process waits for the topic to exist rather than creating it, and reads
+//!   through [`ReadOnly`], which refuses `append` and `reclaim`: a projector
+//!   can never write a record or a claim, so it can never fence a writer.
+//! - `--log embedded`: a running `reservoir serve`'s log directory, opened as a
+//!   RocksDB *secondary* instance ([`SecondaryLog`]): no lock is taken (the
+//!   server keeps its primary open), nothing is written to it, and new entries
+//!   appear as the secondary catches up with the primary's write-ahead log.
+//!
+//! The projection database is `<data-dir>/projections` (the projector's own
+//! data directory, never the server's). The process serves the query routes
+//! of [`crate::queries`], `/healthz`, `/readyz` (200 once the projection is
+//! open), `/metrics` and `/openapi.json` until SIGTERM or Ctrl-C.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use reservoir_core::PartitionKey;
+use reservoir_log::embedded::{ENTRIES_CF, FORMAT_TAG, META_CF};
+use reservoir_log::kafka::{KafkaConfig, KafkaLog};
+use reservoir_log::{codec, EventLog, LogEntry, LogError, Position, Record};
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, DB};
+
+use crate::api::{self, AppState};
+use crate::config::{ProjectConfig, ProjectSource};
+use crate::problem::ApiError;
+use crate::{queries, telemetry};
+
+/// Directory of the secondary instance's own files under `--data-dir`.
+pub const SECONDARY_DIR: &str = "log-secondary";
+/// Shortest interval between two catch-ups of the secondary with the primary.
+pub const CATCH_UP_INTERVAL: Duration = Duration::from_millis(20);
+/// How often a projector waiting for its Kafka topic to exist looks again.
+pub const TOPIC_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs the projector and the query API until `shutdown` resolves.
+pub async fn run(
+    config: ProjectConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", config.data_dir.display()))?;
+    match config.log.clone() {
+        ProjectSource::Kafka { brokers, topic } => {
+            let log = connect_kafka(&brokers, &topic).await?;
+            serve(config, Arc::new(ReadOnly(log)), shutdown).await
+        }
+        ProjectSource::Embedded { log_dir } => {
+            let secondary = config.data_dir.join(SECONDARY_DIR);
+            let log = SecondaryLog::open(&log_dir, &secondary).map_err(|e| match e {
+                LogError::Invalid(reason) => reason,
+                e => e.to_string(),
+            })?;
+            tracing::info!(log_dir = %log_dir.display(), "following the embedded log as a RocksDB secondary");
+            serve(config, Arc::new(log), shutdown).await
+        }
+    }
+}
+
+async fn serve<L: EventLog>(
+    config: ProjectConfig,
+    log: Arc<L>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let state = AppState::new(telemetry::install());
+    let projector = queries::spawn(log, &config.data_dir, state.queries().clone());
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), "projector listening");
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| e.to_string());
+    projector.stop().await;
+    tracing::info!("stopped");
+    served
+}
+
+/// The query routes plus health, readiness, metrics and the OpenAPI document;
+/// every write route is absent (404), since this process never writes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(api::metrics_text))
+        .route("/openapi.json", get(openapi_json))
+        .merge(queries::routes())
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such resource (a projector serves only the query API)",
+            )
+        })
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.queries().is_live() {
+        Json(serde_json::json!({"status": "ready"})).into_response()
+    } else {
+        let mut e = ApiError::unavailable("opening the projection database");
+        e.retry_after_s = Some(1);
+        e.into_response()
+    }
+}
+
+async fn openapi_json() -> Response {
+    use utoipa::OpenApi;
+    Json(queries::QueriesDoc::openapi()).into_response()
+}
+
+/// Connects to `topic` once it exists; never creates it (the writers do, with
+/// their partition count).
+async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
+    let boot = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let reader_id = format!(
+        "projector-{}-{}#{boot}",
+        crate::hostname(),
+        std::process::id()
+    );
+    let mut config = KafkaConfig::new(brokers, reader_id);
+    config.topic = topic.to_string();
+    let mut waiting_since: Option<Instant> = None;
+    loop {
+        let probe = config.clone();
+        let partitions = tokio::task::spawn_blocking(move || topic_partitions(&probe))
+            .await
+            .map_err(|e| e.to_string())?;
+        match partitions {
+            Ok(n) if n > 0 => break,
+            Ok(_) => {
+                if waiting_since.is_none() {
+                    tracing::warn!(%topic, "topic does not exist yet; waiting for a writer to create it");
+                    waiting_since = Some(Instant::now());
+                }
+            }
+            Err(err) => tracing::warn!(%err, "cannot read topic metadata; retrying"),
+        }
+        tokio::time::sleep(TOPIC_POLL_INTERVAL).await;
+    }
+    // The topic exists, so this does not create it.
+    KafkaLog::connect(config)
+        .await
+        .map_err(|e| format!("cannot connect to Kafka: {e}"))
+}
+
+/// Partitions of the topic (0 when it does not exist), without creating it.
+fn topic_partitions(config: &KafkaConfig) -> Result<usize, String> {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &config.brokers)
+        .set("allow.auto.create.topics", "false")
+        .set("log_level", "3")
+        .create()
+        .map_err(|e| format!("kafka client: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(&config.topic), config.request_timeout)
+        .map_err(|e| format!("metadata of {}: {e}", config.topic))?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == config.topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len()))
+}
+
+/// A log seen through reads only: `append` and `reclaim` are refused before
+/// anything reaches the underlying log, so a projector cannot write a record
+/// or a claim (and cannot fence a writer).
+pub struct ReadOnly<L>(pub L);
+
+impl<L: EventLog> EventLog for ReadOnly<L> {
+    fn log_partition_for(&self, key: &PartitionKey) -> u32 {
+        self.0.log_partition_for(key)
+    }
+
+    fn log_partitions(&self) -> u32 {
+        self.0.log_partitions()
+    }
+
+    async fn append(&self, _batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        Err(read_only())
+    }
+
+    async fn reclaim(&self, _log_partition: u32) -> Result<reservoir_log::Claim, LogError> {
+        Err(read_only())
+    }
+
+    async fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        self.0.read(log_partition, from_offset, max).await
+    }
+
+    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
+        self.0.end_offset(log_partition).await
+    }
+
+    async fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<bool, LogError> {
+        self.0.wait_for(log_partition, offset, timeout).await
+    }
+}
+
+fn read_only() -> LogError {
+    LogError::Invalid("a projector's log is read-only".into())
+}
+
+/// A running server's embedded log, read through a RocksDB secondary
+/// instance. Same layout as [`reservoir_log::embedded`] (column family
+/// `entries`, big-endian offset keys, codec values); one log partition.
+pub struct SecondaryLog {
+    db: DB,
+    /// End offset as of the last catch-up, and when that was.
+    caught_up: Mutex<(u64, Option<Instant>)>,
+    path: PathBuf,
+}
+
+impl SecondaryLog {
+    /// Opens `log_dir` (a server's `<data-dir>/log`) as a secondary whose own
+    /// files go to `secondary_dir`.
+    pub fn open(log_dir: &Path, secondary_dir: &Path) -> Result<Self, LogError> {
+        let storage = |e: rocksdb::Error| LogError::Storage(format!("{}: {e}", log_dir.display()));
+        if !log_dir.join("CURRENT").exists() {
+            return Err(LogError::Invalid(format!(
+                "{} is not an embedded log directory (no RocksDB CURRENT file); point --log-dir at a running server's <data-dir>/log",
+                log_dir.display()
+            )));
+        }
+        std::fs::create_dir_all(secondary_dir).map_err(|e| {
+            LogError::Storage(format!("cannot create {}: {e}", secondary_dir.display()))
+        })?;
+        let mut options = Options::default();
+        // Keep every table file open: the primary may compact (delete) one
+        // while this instance still lists it.
+        options.set_max_open_files(-1);
+        let cfs = [ENTRIES_CF, META_CF].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+        let db = DB::open_cf_descriptors_as_secondary(&options, log_dir, secondary_dir, cfs)
+            .map_err(storage)?;
+        db.try_catch_up_with_primary().map_err(storage)?;
+        let meta = db
+            .cf_handle(META_CF)
+            .ok_or_else(|| LogError::Invalid("no meta column family".into()))?;
+        match db.get_cf(meta, b"format").map_err(storage)? {
+            Some(tag) if tag == FORMAT_TAG => {}
+            other => {
+                return Err(LogError::Invalid(format!(
+                    "{} is not a reservoir embedded log (format tag {:?})",
+                    log_dir.display(),
+                    other.map(|t| String::from_utf8_lossy(&t).into_owned())
+                )))
+            }
+        }
+        let log = SecondaryLog {
+            db,
+            caught_up: Mutex::new((0, None)),
+            path: log_dir.to_path_buf(),
+        };
+        let end = log.last_end()?;
+        *log.caught_up.lock().unwrap_or_else(|e| e.into_inner()) = (end, Some(Instant::now()));
+        Ok(log)
+    }
+
+    fn storage(&self, e: impl std::fmt::Display) -> LogError {
+        // Transient: the next catch-up may succeed (the primary moved a file).
+        LogError::Unavailable(format!("{}: {e}", self.path.display()))
+    }
+
+    /// One past the last entry this instance sees.
+    fn last_end(&self) -> Result<u64, LogError> {
+        let entries = self
+            .db
+            .cf_handle(ENTRIES_CF)
+            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
+        match self.db.iterator_cf(entries, IteratorMode::End).next() {
+            None => Ok(0),
+            Some(Ok((key, _))) => Ok(offset_of(&key).map_or(0, |o| o + 1)),
+            Some(Err(e)) => Err(self.storage(e)),
+        }
+    }
+
+    /// Catches up with the primary (at most every [`CATCH_UP_INTERVAL`]) and
+    /// returns the end offset. Entries are written in offset order in atomic
+    /// batches, so everything below the end is there.
+    fn end(&self) -> Result<u64, LogError> {
+        let mut caught_up = self.caught_up.lock().unwrap_or_else(|e| e.into_inner());
+        if caught_up
+            .1
+            .is_some_and(|at| at.elapsed() < CATCH_UP_INTERVAL)
+        {
+            return Ok(caught_up.0);
+        }
+        self.db
+            .try_catch_up_with_primary()
+            .map_err(|e| self.storage(e))?;
+        let end = self.last_end()?.max(caught_up.0);
+        *caught_up = (end, Some(Instant::now()));
+        Ok(end)
+    }
+}
+
+fn offset_of(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
+
+fn check_partition(log_partition: u32) -> Result<(), LogError> {
+    if log_partition == 0 {
+        Ok(())
+    } else {
+        Err(LogError::Invalid(format!(
+            "the embedded log has one partition, not {log_partition}"
+        )))
+    }
+}
+
+impl EventLog for SecondaryLog {
+    fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
+        0
+    }
+
+    fn log_partitions(&self) -> u32 {
+        1
+    }
+
+    async fn append(&self, _batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        Err(read_only())
+    }
+
+    async fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        check_partition(log_partition)?;
+        let end = self.end()?;
+        if from_offset >= end || max == 0 {
+            return Ok(Vec::new());
+        }
+        let until = end.min(from_offset.saturating_add(max as u64));
+        let entries = self
+            .db
+            .cf_handle(ENTRIES_CF)
+            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
+        let mut options = ReadOptions::default();
+        options.set_iterate_upper_bound(until.to_be_bytes().to_vec());
+        let start = from_offset.to_be_bytes();
+        let iter = self.db.iterator_cf_opt(
+            entries,
+            options,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::with_capacity((until - from_offset) as usize);
+        let mut expected = from_offset;
+        for item in iter {
+            let (key, value) = item.map_err(|e| self.storage(e))?;
+            let position = Position {
+                log_partition: 0,
+                offset: expected,
+            };
+            if offset_of(&key) != Some(expected) {
+                return Err(LogError::Corrupt {
+                    position,
+                    reason: format!("hole: found key {key:?}"),
+                });
+            }
+            let entry = codec::decode(&value).map_err(|e| LogError::Corrupt {
+                position,
+                reason: e.to_string(),
+            })?;
+            out.push((position, entry));
+            expected += 1;
+        }
+        if expected != until {
+            return Err(LogError::Corrupt {
+                position: Position {
+                    log_partition: 0,
+                    offset: expected,
+                },
+                reason: "entry below the end missing".into(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
+        check_partition(log_partition)?;
+        self.end()
+    }
+
+    async fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<bool, LogError> {
+        check_partition(log_partition)?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.end()? > offset {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(CATCH_UP_INTERVAL.min(deadline - now)).await;
+        }
+    }
+}
