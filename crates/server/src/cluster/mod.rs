@@ -23,9 +23,14 @@
 //!   their peers' `GET /v1/cluster/node` (the `--peers` list); `GET /v1/cluster`
 //!   and `reservoir cluster status` show nodes, partitions, claim epochs and lag.
 //!
-//! The projector is not run inside the nodes (no standalone projector binary
-//! exists yet); it reads the topic through `fence::ValidReader` like any
-//! reader, so it is unaffected by how many nodes write.
+//! - **Queries**: every node runs the projector over the whole topic (every
+//!   Kafka partition, through the fence rule like any reader, so it does not
+//!   matter which node wrote what) into `<data-dir>/projections`, on its own
+//!   Kafka connection, and answers the query endpoints of [`crate::queries`]
+//!   from it, locally: queries are never forwarded, and `?min_position=`
+//!   (a write's `LP:OFFSET`, whichever node wrote it) waits for this node's
+//!   projection. The partitions' routers share that projection for sizing.
+//!   `reservoir project` ([`crate::project`]) runs the same projector alone.
 
 pub mod membership;
 pub mod owned;
@@ -90,8 +95,11 @@ pub struct Node {
     pub rejoin: AtomicBool,
     pub rejoins: AtomicU64,
     next_attempt: AtomicU64,
-    /// A not-ready router for `/healthz`, `/metrics` and `/openapi.json`.
+    /// A not-ready router for `/healthz`, `/metrics`, `/openapi.json` and
+    /// the queries.
     pub idle: axum::Router,
+    /// This node's projection of the whole topic (see [`crate::queries`]).
+    pub queries: crate::queries::QueryHandle,
     pub started: Instant,
 }
 
@@ -222,10 +230,29 @@ pub async fn run(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let idle = crate::api::router(
-        crate::api::AppState::new(crate::telemetry::install()),
-        config.max_body_bytes,
+    // The projector reads through a connection of its own (its reads do not
+    // move the writers' read-back consumers), under a reader id that never
+    // claims; `ReadOnly` refuses appends.
+    let mut reader = KafkaConfig::new(
+        log.config().brokers.clone(),
+        format!("projector-{writer_id}"),
     );
+    reader.topic = config.topic.clone();
+    let reader = KafkaLog::connect(reader)
+        .await
+        .map_err(|e| format!("cannot connect the projector to Kafka: {e}"))?;
+    if let Err(err) = std::fs::create_dir_all(&config.data_dir) {
+        // The writers do not need it; the queries answer 503 until it exists.
+        tracing::error!(%err, data_dir = %config.data_dir.display(), "cannot create the data directory for the projections");
+    }
+    let idle_state = crate::api::AppState::new(crate::telemetry::install());
+    let queries = idle_state.queries().clone();
+    let projector = crate::queries::spawn(
+        Arc::new(crate::project::ReadOnly(reader)),
+        &config.data_dir,
+        queries.clone(),
+    );
+    let idle = crate::api::router(idle_state, config.max_body_bytes);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .tcp_nodelay(true)
@@ -248,6 +275,7 @@ pub async fn run(
         rejoins: AtomicU64::new(0),
         next_attempt: AtomicU64::new(0),
         idle,
+        queries,
         started: Instant::now(),
     });
     let app = routing::router(node.clone());
@@ -266,6 +294,7 @@ pub async fn run(
     member.leave().await;
     let _ = gossip.await;
     let _ = watchdog.await;
+    projector.stop().await;
     tracing::info!("stopped");
     served
 }

@@ -185,6 +185,8 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
         stop_rx,
     ));
     let state = api::AppState::new(telemetry::install());
+    // Sizing reads the node's projection of the whole topic.
+    state.queries().share(&node.queries);
     state.set_ready(writers.clone());
     let owned = Arc::new(Owned {
         log_partition: p,
