@@ -17,7 +17,7 @@
 //! `now` is the writer's: the wall clock, made monotonic per partition
 //! (`max(last event time, clock)`), and recorded in the events.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -406,9 +406,13 @@ enum Undo {
 enum PositionFrom {
     /// Record `i` of this batch.
     Record(usize),
-    /// Record `i` of the batch before, in flight when this one was decided
-    /// (it lands first: this batch is answered after it).
-    Earlier(usize),
+    /// Record `record` of an earlier batch (by its sequence number in this
+    /// shard), in flight when this one was decided. It lands first (batches
+    /// are answered in order), and on landing it rewrites these to `Known`.
+    Earlier {
+        batch: u64,
+        record: usize,
+    },
     Known(Position),
 }
 
@@ -422,14 +426,14 @@ type AppendFuture<'a> = std::pin::Pin<
 
 /// A decided batch whose append has been handed to the log.
 struct InFlight<'a> {
+    /// Sequence number of the batch in its shard (see `PositionFrom::Earlier`).
+    seq: u64,
     records: Vec<Record>,
     undo: Vec<Undo>,
     pendings: Vec<(oneshot::Sender<Reply>, Pending)>,
     /// `None`: nothing to append (reads, idempotent repeats); answered in order.
     append: Option<AppendFuture<'a>>,
     result: Option<Result<Vec<Position>, reservoir_log::LogError>>,
-    /// Positions of the batch before, for `PositionFrom::Earlier`.
-    earlier: Vec<Position>,
     started: Instant,
 }
 
@@ -518,9 +522,18 @@ pub struct Shard {
     pub in_doubt: Arc<tokio::sync::watch::Sender<Option<String>>>,
     /// The log's [`EventLog::ordered_appends`]: this shard pipelines.
     pub ordered: bool,
-    /// `pending_positions` of the batch in flight (see `PositionFrom::Earlier`).
-    in_flight_positions: HashMap<ReservationId, usize>,
+    /// `pending_positions` of the batches in flight, newest winning: id →
+    /// (batch sequence number, record) (see `PositionFrom::Earlier`).
+    in_flight_positions: HashMap<ReservationId, (u64, usize)>,
+    /// Sequence number of the next batch.
+    next_batch_seq: u64,
 }
+
+/// Batches one shard keeps in flight on a log with ordered appends. One is
+/// not enough: a request that arrives while the shard waits for batch N would
+/// wait for N to land before being decided, then for its own write; with
+/// several, it is decided at once and joins the log's next group commit.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 8;
 
 impl Shard {
     /// The task body: batches until every sender is gone, then returns its state.
@@ -530,9 +543,11 @@ impl Shard {
     /// On a log with [`EventLog::ordered_appends`] the shard pipelines: while
     /// batch N's append is in flight it decides batch N+1 on top of N's
     /// speculative state and hands it to the log at once (so it joins the next
-    /// synced write), then waits for N. Replies still go out only after each
-    /// batch's own append is acknowledged, and N's before N+1's. If N fails, N+1
-    /// (appended after it, so refused by the log too) is undone first, then N.
+    /// synced write), and so on up to [`MAX_BATCHES_IN_FLIGHT`] batches.
+    /// Replies still go out only after each batch's own append is
+    /// acknowledged, and N's before N+1's. If N fails, every batch after it
+    /// (appended after it, so refused by the log too) is undone, newest first,
+    /// then N, and all of them answer 503.
     pub async fn run<L: EventLog>(
         mut self,
         log: Arc<L>,
@@ -547,18 +562,18 @@ impl Shard {
         let pipelined = log.ordered_appends();
         let mut buffer = Vec::with_capacity(self.max_batch_commands);
         let mut stopping = false;
-        let mut in_flight: Option<InFlight<'_>> = None;
+        let mut in_flight: VecDeque<InFlight<'_>> = VecDeque::new();
         loop {
             let woke = tokio::select! {
                 biased;
-                _ = async { in_flight.as_mut().expect("checked").wait().await }, if in_flight.is_some() => Woke::Appended,
-                n = rx.recv_many(&mut buffer, self.max_batch_commands) => Woke::Received(n),
+                _ = async { in_flight.front_mut().expect("checked").wait().await }, if !in_flight.is_empty() => Woke::Appended,
+                n = rx.recv_many(&mut buffer, self.max_batch_commands), if in_flight.len() < MAX_BATCHES_IN_FLIGHT => Woke::Received(n),
                 _ = stop.wait_for(|s| *s), if !stopping => Woke::Stop,
             };
             let received = match woke {
                 Woke::Appended => {
-                    let flight = in_flight.take().expect("in flight");
-                    self.complete(flight, &mut None).await;
+                    let flight = in_flight.pop_front().expect("in flight");
+                    self.complete(flight, &mut in_flight).await;
                     continue;
                 }
                 Woke::Stop => {
@@ -569,40 +584,43 @@ impl Shard {
                 Woke::Received(n) => n,
             };
             if received == 0 {
-                if let Some(flight) = in_flight.take() {
-                    self.complete(flight, &mut None).await;
-                }
+                self.complete_all(&mut in_flight).await;
                 tracing::info!(shard = self.id, "writer stopped");
                 return self.state;
             }
             let envelopes = std::mem::take(&mut buffer);
-            // A snapshot copies committed state only: let the batch in flight land first.
+            // A snapshot copies committed state only: let the batches in flight land first.
             let barrier = envelopes
                 .iter()
                 .any(|e| matches!(e.request, Request::Snapshot));
             if barrier {
-                if let Some(flight) = in_flight.take() {
-                    self.complete(flight, &mut None).await;
-                }
+                self.complete_all(&mut in_flight).await;
             }
-            let previous_failed = match in_flight.as_mut() {
+            let previous_failed = match in_flight.back_mut() {
                 Some(flight) => flight.failed_already(),
                 None => false,
             };
-            let mut next = if previous_failed {
-                // Not handed to the log behind a failed append; answered 503 below.
+            let next = if previous_failed {
+                // Not handed to the log behind a failed append; answered 503 when it lands.
                 self.begin::<L>(None, envelopes)
             } else {
                 self.begin(Some(&*log), envelopes)
             };
-            if let Some(previous) = in_flight.take() {
-                self.complete(previous, &mut next).await;
-            }
             match next {
-                Some(flight) if pipelined => in_flight = Some(flight),
-                Some(flight) => self.complete(flight, &mut None).await,
+                Some(flight) if pipelined => in_flight.push_back(flight),
+                Some(flight) => {
+                    self.complete_all(&mut in_flight).await;
+                    self.complete(flight, &mut in_flight).await;
+                }
                 None => {}
             }
+        }
+    }
+
+    /// Completes every batch in flight, oldest first.
+    async fn complete_all(&mut self, in_flight: &mut VecDeque<InFlight<'_>>) {
+        while let Some(flight) = in_flight.pop_front() {
+            self.complete(flight, in_flight).await;
         }
     }
 
@@ -639,8 +657,12 @@ impl Shard {
                 }
             }
         }
-        // Later batches name this one's records as `Earlier(i)` until it lands.
-        self.in_flight_positions = std::mem::take(&mut batch.pending_positions);
+        // Later batches name this one's records as `Earlier` until it lands.
+        let seq = self.next_batch_seq;
+        self.next_batch_seq += 1;
+        for (id, record) in std::mem::take(&mut batch.pending_positions) {
+            self.in_flight_positions.insert(id, (seq, record));
+        }
         let append: Option<AppendFuture<'a>> = if batch.records.is_empty() {
             None
         } else {
@@ -655,19 +677,19 @@ impl Shard {
             }
         };
         Some(InFlight {
+            seq,
             records: batch.records,
             undo: batch.undo,
             pendings,
             append,
             result: None,
-            earlier: Vec::new(),
             started: Instant::now(),
         })
     }
 
     /// Waits for a batch's append and answers it. On failure, `next` (decided on
     /// top of it and appended after it) fails too: both are undone, newest first.
-    async fn complete(&mut self, mut flight: InFlight<'_>, next: &mut Option<InFlight<'_>>) {
+    async fn complete(&mut self, mut flight: InFlight<'_>, later: &mut VecDeque<InFlight<'_>>) {
         flight.wait().await;
         metrics::histogram!("reservoir_append_seconds")
             .record(flight.started.elapsed().as_secs_f64());
@@ -686,7 +708,7 @@ impl Shard {
                 tracing::warn!(shard = self.id, %err, records = flight.records.len(), "append failed; batch discarded");
                 metrics::counter!("reservoir_append_failures_total").increment(1);
                 let mut failed = vec![flight];
-                if let Some(mut later) = next.take() {
+                while let Some(mut later) = later.pop_front() {
                     later.wait().await;
                     if matches!(later.result, Some(Ok(_))) && !later.records.is_empty() {
                         // An ordered log must refuse appends after a failed one.
@@ -718,8 +740,12 @@ impl Shard {
                 return;
             }
         };
-        if next.is_none() {
+        if later.is_empty() {
             self.in_flight_positions.clear();
+        } else {
+            let seq = flight.seq;
+            self.in_flight_positions
+                .retain(|_, (batch, _)| *batch != seq);
         }
 
         for (record, position) in flight.records.iter().zip(&positions) {
@@ -733,11 +759,15 @@ impl Shard {
                 );
             }
         }
-        let earlier = std::mem::take(&mut flight.earlier);
-        let resolve = |from: PositionFrom| match from {
+        let resolve = |from: PositionFrom| {
+            match from {
             PositionFrom::Record(i) => positions[i],
-            PositionFrom::Earlier(i) => earlier[i],
             PositionFrom::Known(p) => p,
+            PositionFrom::Earlier { batch, record } => panic!(
+                "shard {}: batch {} answered before batch {batch} (record {record}) it depends on landed",
+                self.id, flight.seq
+            ),
+        }
         };
         for (reply, pending) in flight.pendings {
             let answer = match pending {
@@ -763,8 +793,25 @@ impl Shard {
             };
             let _ = reply.send(answer);
         }
-        if let Some(later) = next.as_mut() {
-            later.earlier = positions;
+        // Later batches that named this one's records learn their positions.
+        for later in later.iter_mut() {
+            for (_, pending) in later.pendings.iter_mut() {
+                let position = match pending {
+                    Pending::Receipt { position, .. } => Some(position),
+                    Pending::Published {
+                        position: Some(position),
+                        ..
+                    } => Some(position),
+                    _ => None,
+                };
+                if let Some(position) = position {
+                    if let PositionFrom::Earlier { batch, record } = *position {
+                        if batch == flight.seq {
+                            *position = PositionFrom::Known(positions[record]);
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -917,8 +964,8 @@ impl Shard {
         if let Some(i) = batch.pending_positions.get(id) {
             return Some(PositionFrom::Record(*i));
         }
-        if let Some(i) = self.in_flight_positions.get(id) {
-            return Some(PositionFrom::Earlier(*i));
+        if let Some(&(batch, record)) = self.in_flight_positions.get(id) {
+            return Some(PositionFrom::Earlier { batch, record });
         }
         self.state
             .partitions
@@ -1035,7 +1082,7 @@ impl Shard {
                 created: false,
             })),
             // Changed by the batch in flight: answered after it lands (or 503 with it).
-            (Some(r), Some(position @ PositionFrom::Earlier(_))) => Pending::Receipt {
+            (Some(r), Some(position @ PositionFrom::Earlier { .. })) => Pending::Receipt {
                 receipt: Box::new(receipt(
                     key,
                     r,
@@ -1297,6 +1344,7 @@ pub fn spawn<L: EventLog>(
             in_doubt: in_doubt.clone(),
             ordered,
             in_flight_positions: HashMap::new(),
+            next_batch_seq: 0,
         };
         handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
     }

@@ -240,6 +240,122 @@ async fn a_pipelined_batch_is_answered_after_the_one_before() {
     assert_eq!(parts[0]["reserved_units"], 300);
 }
 
+/// Sends `path` with `body` (a reserve when `path` is the collection) in the
+/// background and waits until the writer has handed its batch to the log.
+async fn send_pipelined(
+    s: &Arc<TestServer>,
+    log: &reservoir_server::memlog::MemoryLog,
+    path: &'static str,
+    body: serde_json::Value,
+) -> tokio::task::JoinHandle<(StatusCode, serde_json::Value)> {
+    let calls = log.append_calls();
+    let task = {
+        let s = s.clone();
+        tokio::spawn(async move { s.post(path, body).await })
+    };
+    eventually(Duration::from_secs(10), || async {
+        (log.append_calls() > calls).then_some(())
+    })
+    .await;
+    task
+}
+
+/// Four batches in flight at once, each decided on top of the one before:
+/// reserve, start, a read of the started reservation, and a second reserve.
+/// All are answered in order once the log acknowledges them, the read with the
+/// start's log position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_pipelined_batches_are_answered_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
+    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let calls = log.append_calls();
+    log.hold_appends();
+    let reserve = serde_json::json!({"id": "p", "subject": "t", "route": "r", "units": 300});
+    let reserving = send_pipelined(&s, &log, "/v1/reservations", reserve).await;
+    let start = serde_json::json!({"operation_id": "op"});
+    let starting = send_pipelined(&s, &log, "/v1/reservations/p/start", start).await;
+    let reading = {
+        let s = s.clone();
+        tokio::spawn(async move { s.get("/v1/reservations/p").await })
+    };
+    // A read carries no records (no append to wait for): give it time to be
+    // decided while the start is still in flight.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = serde_json::json!({"id": "q", "subject": "t", "route": "r", "units": 200});
+    let second = send_pipelined(&s, &log, "/v1/reservations", second).await;
+    assert_eq!(
+        log.append_calls(),
+        calls + 3,
+        "three appends in flight at once"
+    );
+    log.release_appends();
+    let (status, reserved) = reserving.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{reserved}");
+    let (status, started) = starting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{started}");
+    let (status, read) = reading.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{read}");
+    let (status, other) = second.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{other}");
+    let at = |v: &serde_json::Value| v["log_position"]["offset"].as_u64().unwrap();
+    assert!(at(&reserved) < at(&started), "{reserved} then {started}");
+    assert!(at(&started) < at(&other), "{started} then {other}");
+    assert_eq!(read["state"], "STARTED", "{read}");
+    assert_eq!(
+        at(&read),
+        at(&started),
+        "the read names the start's position"
+    );
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["reserved_units"], 500);
+    assert_eq!(parts[0]["available_units"], 500);
+}
+
+/// The first of three pipelined batches fails: the two decided on top of it
+/// fail with it (the ordered log refuses them), all three answer 503, every
+/// effect is undone and the ledger is as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_fails_every_batch_pipelined_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
+    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let before = log.records().len();
+    let calls = log.append_calls();
+    log.hold_appends();
+    log.fail_next_appends(1);
+    let reserve = serde_json::json!({"id": "f", "subject": "t", "route": "r", "units": 300});
+    let reserving = send_pipelined(&s, &log, "/v1/reservations", reserve).await;
+    let start = serde_json::json!({"operation_id": "op"});
+    let starting = send_pipelined(&s, &log, "/v1/reservations/f/start", start).await;
+    let second = serde_json::json!({"id": "g", "subject": "t", "route": "r", "units": 200});
+    let second = send_pipelined(&s, &log, "/v1/reservations", second).await;
+    assert_eq!(
+        log.append_calls(),
+        calls + 3,
+        "three appends in flight at once"
+    );
+    log.release_appends();
+    for task in [reserving, starting, second] {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    }
+    assert_eq!(log.records().len(), before, "nothing appended");
+    s.wait_ready().await;
+    for id in ["f", "g"] {
+        let (status, _) = s.get(&format!("/v1/reservations/{id}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{id}");
+    }
+    let parts = s.assert_conserved().await;
+    assert_eq!(
+        parts[0]["available_units"], 1_000,
+        "all three batches undone"
+    );
+    assert_eq!(parts[0]["reserved_units"], 0);
+}
+
 /// An append that fails "in doubt" although its records landed: the writer
 /// re-claims the log and rebuilds from it, so the reservation counts; the
 /// client's retry with the same id gets it back, with no second debit.
