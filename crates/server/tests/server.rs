@@ -26,6 +26,8 @@ mod limits;
 mod malformed;
 #[path = "server/openapi.rs"]
 mod openapi;
+#[path = "server/projector.rs"]
+mod projector;
 #[path = "server/queries.rs"]
 mod queries;
 #[path = "server/recovery.rs"]
