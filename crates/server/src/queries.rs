@@ -1,7 +1,9 @@
 //! The read side inside `reservoir serve`: a [`Projector`] over the same log the
 //! writers append to, in its own RocksDB (`<data-dir>/projections`), following
 //! the log tail in a background task, and the HTTP queries over its
-//! [`Projections`].
+//! [`Projections`]. The same code runs in every cluster node (over the whole
+//! topic, see [`crate::cluster`]) and in `reservoir project`
+//! ([`crate::project`]), where no local writer knows every reservation id.
 //!
 //! Every query accepts `?min_position=LP:OFFSET` (or a bare `OFFSET`, meaning
 //! log partition 0): the `log_position` of a write's answer. The query waits
