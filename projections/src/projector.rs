@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reservoir_core::{try_apply, Event, EventBody, PartitionKey, ReservationId, Usage};
 use reservoir_log::fence::{valid_records, Validity};
@@ -46,6 +46,10 @@ use crate::model::{
 use crate::sketch::RollingDigest;
 use crate::store::{self, encode, get, get_raw, store_error};
 use crate::{ProjectionError, Projections};
+
+/// How often a following projector publishes its lag (a look at the log's end
+/// costs a broker round trip on Kafka).
+pub const LAG_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct ProjectorConfig {
@@ -293,13 +297,31 @@ impl<L: EventLog> Projector<L> {
         Ok(events)
     }
 
+    /// Publishes how far behind the log's end the projection is, per log
+    /// partition, as the gauge `reservoir_projection_lag_entries` (a failed
+    /// look at the end is skipped: the next sample retries).
+    async fn sample_lag(&self) {
+        for (lp, at) in self.positions().into_iter().enumerate() {
+            if let Ok(end) = self.log.end_offset(lp as u32).await {
+                metrics::gauge!("reservoir_projection_lag_entries", "log_partition" => lp.to_string())
+                    .set(end.saturating_sub(at) as f64);
+            }
+        }
+    }
+
     /// Follows the log until `stop` turns true, then flushes what it wrote.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ProjectionError> {
+        let mut lag_sampled: Option<Instant> = None;
         loop {
             if *stop.borrow_and_update() {
                 return store::flush(&self.db);
             }
             let outcome = self.step().await?;
+            metrics::counter!("reservoir_projected_events_total").increment(outcome.events as u64);
+            if lag_sampled.is_none_or(|at| at.elapsed() >= LAG_SAMPLE_INTERVAL) {
+                lag_sampled = Some(Instant::now());
+                self.sample_lag().await;
+            }
             if outcome.entries > 0 {
                 // A full read means more is waiting: go on at once. Otherwise
                 // the log is drained; let the next batch grow for a moment.
