@@ -160,26 +160,3 @@ async fn live_vs_rebuilt<L: EventLog>(mut driver: Driver<L>, mut mixed: Mixed, d
     let t1 = projections.tenant_balance("t1").unwrap().unwrap();
     assert_eq!(t1.partitions, 2);
 }
-
-/// Projector throughput on the embedded log (a measurement, not a gate):
-/// `cargo test --release -p reservoir-projections -- --ignored throughput --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore]
-async fn projector_throughput() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut driver = Driver::open(&dir.path().join("log"), "writer-1").await;
-    let mut mixed = Mixed::new(&mut driver);
-    for _ in 0..20 {
-        mixed.run(&mut driver, 100).await;
-    }
-    let db = store::open(dir.path().join("projection")).unwrap();
-    let mut projector = Projector::open(driver.log.clone(), db, config(1_024)).unwrap();
-    let started = std::time::Instant::now();
-    let events = projector.catch_up().await.unwrap();
-    let elapsed = started.elapsed();
-    println!(
-        "projected {events} events ({} log entries) in {elapsed:?}: {:.0} events/s",
-        projector.positions()[0],
-        events as f64 / elapsed.as_secs_f64()
-    );
-}
