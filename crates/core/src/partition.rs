@@ -297,7 +297,7 @@ fn new_record(body: &EventBody, at: TimestampMs) -> Result<Reservation, ApplyErr
         held_units,
         expires_at_ms,
         shadow,
-        sizing: _,
+        sizing,
     } = body
     else {
         unreachable!("called for Reserved only");
@@ -322,6 +322,7 @@ fn new_record(body: &EventBody, at: TimestampMs) -> Result<Reservation, ApplyErr
         execution_deadline_ms: None,
         finished_at_ms: None,
         shadow: *shadow,
+        sizing: *sizing,
     })
 }
 

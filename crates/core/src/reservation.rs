@@ -102,4 +102,8 @@ pub struct Reservation {
     pub execution_deadline_ms: Option<TimestampMs>,
     pub finished_at_ms: Option<TimestampMs>,
     pub shadow: Option<ShadowVerdict>,
+    /// How the server sized it, when the client did not give units (from the
+    /// `Reserved` event; absent in state written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizing: Option<crate::Sizing>,
 }

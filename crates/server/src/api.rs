@@ -936,6 +936,7 @@ async fn openapi_json() -> impl IntoResponse {
     ),
     components(schemas(
         Receipt,
+        crate::writer::SizingReceipt,
         LogPosition,
         Problem,
         ReserveBody,

@@ -85,7 +85,43 @@ pub struct Receipt {
     pub actual_units: Option<u64>,
     pub operation_id: Option<String>,
     pub expires_at_ms: u64,
+    /// How the server sized the reservation when the request gave no units
+    /// (absent when it did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizing: Option<SizingReceipt>,
     pub log_position: LogPosition,
+}
+
+/// The sizing rule that produced a reservation's units, as recorded in its
+/// `Reserved` event: `units = input_units + output_units`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SizingReceipt {
+    /// One of max_tokens, route_default_max_tokens, route_quantile, sibling_quantile, cold_ceiling.
+    #[schema(example = "route_quantile")]
+    pub rule: String,
+    pub units: u64,
+    /// Counted input tokens times the route's drift multiplier.
+    pub input_units: u64,
+    /// The output estimate the rule gave.
+    pub output_units: u64,
+}
+
+impl From<reservoir_core::Sizing> for SizingReceipt {
+    fn from(s: reservoir_core::Sizing) -> Self {
+        let rule = match s.rule {
+            reservoir_core::SizingRule::MaxTokens => "max_tokens",
+            reservoir_core::SizingRule::RouteDefaultMaxTokens => "route_default_max_tokens",
+            reservoir_core::SizingRule::RouteQuantile => "route_quantile",
+            reservoir_core::SizingRule::SiblingQuantile => "sibling_quantile",
+            reservoir_core::SizingRule::ColdCeiling => "cold_ceiling",
+        };
+        SizingReceipt {
+            rule: rule.to_string(),
+            units: s.units,
+            input_units: s.input_units,
+            output_units: s.output_units,
+        }
+    }
 }
 
 /// One partition's conservation terms, for operators and tests (`GET /v1/partitions`).
@@ -343,6 +379,7 @@ pub fn receipt(key: &PartitionKey, r: &Reservation, position: Position) -> Recei
         actual_units: r.actual_units,
         operation_id: r.operation_id.as_ref().map(|o| o.to_string()),
         expires_at_ms: r.expires_at_ms,
+        sizing: r.sizing.map(SizingReceipt::from),
         log_position: position.into(),
     }
 }

@@ -81,6 +81,12 @@ async fn reserves_without_units_are_sized_and_the_rule_recorded() {
     .await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
     assert_eq!(r["reserved_units"], 1_500);
+    // The receipt says how: rule and parts.
+    assert_eq!(
+        r["sizing"],
+        json!({"rule": "max_tokens", "units": 1_500, "input_units": 500, "output_units": 1_000}),
+        "{r}"
+    );
     // Cold route, no sibling: the ceiling.
     let (status, r) = sized(&s, "cold", "chat", json!({"counted_input_tokens": 500})).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
@@ -92,6 +98,7 @@ async fn reserves_without_units_are_sized_and_the_rule_recorded() {
         let id = format!("w{i}");
         let (status, r) = s.reserve(&id, "t", "chat", 3_000).await;
         assert_eq!(status, StatusCode::CREATED, "{r}");
+        assert!(r.get("sizing").is_none(), "explicit units: no sizing {r}");
         s.post(
             &format!("/v1/reservations/{id}/start"),
             json!({"operation_id": "op"}),
@@ -120,11 +127,17 @@ async fn reserves_without_units_are_sized_and_the_rule_recorded() {
     let (status, r) = sized(&s, "warm", "chat", json!({"counted_input_tokens": 500})).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
     assert_eq!(r["reserved_units"], 2_550, "{r}");
+    assert_eq!(r["sizing"]["rule"], "route_quantile", "{r}");
+    // A later read of the reservation shows the same sizing.
+    let (status, read) = s.get("/v1/reservations/warm").await;
+    assert_eq!(status, StatusCode::OK, "{read}");
+    assert_eq!(read["sizing"], r["sizing"], "{read}");
 
     // A retry with the same inputs is the same reservation; other inputs conflict.
     let (status, again) = sized(&s, "cold", "chat", json!({"counted_input_tokens": 500})).await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["reserved_units"], 4_500);
+    assert_eq!(again["sizing"]["rule"], "cold_ceiling", "{again}");
     let (status, other) = sized(&s, "cold", "chat", json!({"counted_input_tokens": 501})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{other}");
     assert_eq!(problem_type(&other), "exists_with_different_digest");
