@@ -327,6 +327,9 @@ fn records_the_seeds_name_match_their_rust_types() {
         execution_deadline_ms: None,
         finished_at_ms: None,
         shadow: None,
+        // Kept from the Reserved event for receipts; not a limitReservation.v1
+        // field, and omitted from the record when absent (as here).
+        sizing: None,
     };
     assert_eq!(
         serde_fields(&serde_json::to_value(&reservation).unwrap()),
