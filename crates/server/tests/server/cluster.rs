@@ -33,6 +33,8 @@ const PARTITIONS: u32 = 6;
 
 struct Node {
     child: Child,
+    /// The node's own data dir (its projection database), removed after it.
+    _data: tempfile::TempDir,
 }
 
 impl Drop for Node {
@@ -52,6 +54,7 @@ fn free_port() -> u16 {
 }
 
 fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
+    let data = tempfile::tempdir().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
         .args([
             "serve",
@@ -72,6 +75,8 @@ fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> N
         .args(["--session-timeout-ms", SESSION_TIMEOUT_MS])
         .args(["--topic-partitions", &PARTITIONS.to_string()])
         .args(["--writer-shards", "2", "--sweep-interval-ms", "200"])
+        .arg("--data-dir")
+        .arg(data.path())
         .env("RESERVOIR_LOG_LEVEL", "warn")
         .stdout(Stdio::null())
         .stderr(if std::env::var_os("RESERVOIR_TEST_VERBOSE").is_some() {
@@ -81,7 +86,7 @@ fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> N
         })
         .spawn()
         .expect("spawn reservoir");
-    Node { child }
+    Node { child, _data: data }
 }
 
 fn client() -> reqwest::Client {
