@@ -6,5 +6,6 @@ mod projections {
     mod crash;
     mod diagnosis;
     mod live_vs_rebuilt;
+    mod scenario;
     mod usage;
 }

@@ -5,49 +5,18 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use reservoir_core::{Command, OperationId, Policy, RefillRule, RequestDigest, ReservationId};
+use reservoir_core::{Command, OperationId, RequestDigest, ReservationId};
 use reservoir_projections::{store, Projector, Verdict};
 
 use super::support::*;
 
-const SECOND_MS: u64 = 1_000;
-const CALL_MS: u64 = 30_000;
-const INPUT_UNITS: u64 = 500;
 const MINUTES: u64 = 20;
-
-/// Output tokens: skewed, mean ≈ 1,850, clipped to [200, 4,000].
-fn output_units(rng: &mut Rng) -> u64 {
-    let z: f64 = (0..6)
-        .map(|_| rng.next() as f64 / (1u64 << 53) as f64)
-        .sum::<f64>()
-        - 3.0;
-    ((7.45 + 0.45 * z).exp().round() as u64).clamp(200, 4_000)
-}
-
-/// 120,000 tokens a minute, bucket of one minute.
-fn contract(tenant: &str) -> Policy {
-    let mut policy = Policy::example(tenant, "summarize", 1);
-    policy.refill = RefillRule {
-        units: 120_000,
-        interval_ms: 60_000,
-    };
-    policy.burst_units = 120_000;
-    policy.opening_units = 120_000;
-    policy.max_reservation_units = 120_000;
-    policy.max_overdraft_units = 60_000;
-    policy
-}
 
 struct Tenant {
     name: &'static str,
     reserve_units: u64,
     /// Calls arriving in simulated second `t`.
     arrivals: fn(u64) -> u64,
-}
-
-/// Arrivals at `per_minute` calls a minute, spread evenly.
-fn steady(t: u64, per_minute: u64) -> u64 {
-    (t + 1) * per_minute / 60 - t * per_minute / 60
 }
 
 #[tokio::test]
@@ -83,7 +52,7 @@ async fn diagnosis_names_the_cause() {
     let mut rng = Rng::new(0xD1A6);
     let mut in_flight: BTreeMap<u64, Vec<(usize, ReservationId, u64)>> = BTreeMap::new();
     for t in &tenants {
-        driver.open_partition(&key(t.name, "summarize"), contract(t.name), 0);
+        driver.open_partition(&key(t.name, "summarize"), contract(t.name, "summarize"), 0);
     }
     let mut n = 0u64;
     for second in 0..MINUTES * 60 {

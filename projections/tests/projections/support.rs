@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use reservoir_core::{
     apply, decide, refusal_event, Command, Event, EventBody, OperationId, Partition, PartitionKey,
-    Policy, Rejection, RequestDigest, ReservationId, Usage,
+    Policy, RefillRule, Rejection, RequestDigest, ReservationId, Usage,
 };
 use reservoir_log::embedded::EmbeddedLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
@@ -356,4 +356,43 @@ pub fn check_conservation<L: EventLog>(projections: &Projections, driver: &Drive
         );
         rollup.ledger.check().unwrap();
     }
+}
+
+// ---- the first seed's tenant: 120,000 tokens a minute, ~500-token prompts,
+// skewed completions, ~30 s calls (diagnosis and scenario tests).
+
+pub const SECOND_MS: u64 = 1_000;
+pub const CALL_MS: u64 = 30_000;
+pub const INPUT_UNITS: u64 = 500;
+/// Tokens a minute of the contract.
+pub const CONTRACT_PER_MINUTE: u64 = 120_000;
+
+/// Output tokens: skewed (log-normal: median ≈ 1,785, mean ≈ 1,850, p90 ≈
+/// 2,500, as the seed's route), clipped to [200, 4,000]. `z` is a sum of six
+/// uniforms (mean 0, sd 1/√2), scaled to the log-normal's σ ≈ 0.264.
+pub fn output_units(rng: &mut Rng) -> u64 {
+    let z: f64 = (0..6)
+        .map(|_| rng.next() as f64 / (1u64 << 53) as f64)
+        .sum::<f64>()
+        - 3.0;
+    ((7.488 + 0.373 * z).exp().round() as u64).clamp(200, 4_000)
+}
+
+/// 120,000 tokens a minute, bucket of one minute.
+pub fn contract(tenant: &str, route: &str) -> Policy {
+    let mut policy = Policy::example(tenant, route, 1);
+    policy.refill = RefillRule {
+        units: CONTRACT_PER_MINUTE,
+        interval_ms: 60_000,
+    };
+    policy.burst_units = 120_000;
+    policy.opening_units = 120_000;
+    policy.max_reservation_units = 120_000;
+    policy.max_overdraft_units = 60_000;
+    policy
+}
+
+/// Arrivals at `per_minute` calls a minute, spread evenly.
+pub fn steady(t: u64, per_minute: u64) -> u64 {
+    (t + 1) * per_minute / 60 - t * per_minute / 60
 }
