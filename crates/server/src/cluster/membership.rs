@@ -34,7 +34,23 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 struct GroupContext {
     node: Arc<Node>,
+    /// Fault injection ([`REVOKE_DELAY_ENV`]): how long a *lost* assignment
+    /// found on waking from a pause waits before this node stops deciding for
+    /// it. Zero in production.
+    lost_revoke_delay: std::time::Duration,
+    /// Set by the poll loop when more than a session passed since its last
+    /// poll (the process was paused); the next lost assignment clears it.
+    woke_from_pause: std::sync::atomic::AtomicBool,
 }
+
+/// Environment variable (milliseconds) that delays acting on an assignment
+/// lost while the process was paused: a fault injection for tests, standing
+/// for a node whose revocation callback runs late after a pause (a stuck
+/// thread, a VM freeze). Its
+/// writers then keep appending under claims another node has taken over; the
+/// log's fencing must keep every one of those records from counting and from
+/// being acknowledged.
+pub const REVOKE_DELAY_ENV: &str = "RESERVOIR_FAULT_LOST_REVOKE_DELAY_MS";
 
 impl ClientContext for GroupContext {}
 
@@ -46,10 +62,15 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<u32> {
 }
 
 impl ConsumerContext for GroupContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 let lost = partitions(tpl);
+                let woke = self.woke_from_pause.swap(false, Ordering::AcqRel);
+                if woke && !self.lost_revoke_delay.is_zero() && consumer.assignment_lost() {
+                    tracing::warn!(?lost, delay = ?self.lost_revoke_delay, "fault injection: acting late on a lost assignment");
+                    std::thread::sleep(self.lost_revoke_delay);
+                }
                 tracing::info!(?lost, "group: partitions revoked");
                 self.node.on_revoked(&lost);
             }
@@ -117,7 +138,15 @@ pub fn join(node: Arc<Node>) -> Result<Membership, String> {
         .set("auto.offset.reset", "latest")
         .set("log_level", "4");
     let consumer: BaseConsumer<GroupContext> = config
-        .create_with_context(GroupContext { node: node.clone() })
+        .create_with_context(GroupContext {
+            node: node.clone(),
+            lost_revoke_delay: std::env::var(REVOKE_DELAY_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(std::time::Duration::from_millis)
+                .unwrap_or_default(),
+            woke_from_pause: std::sync::atomic::AtomicBool::new(false),
+        })
         .map_err(|e| format!("cannot create the group consumer: {e}"))?;
     let topic = node.config.topic.clone();
     consumer
@@ -128,6 +157,8 @@ pub fn join(node: Arc<Node>) -> Result<Membership, String> {
     let thread = std::thread::Builder::new()
         .name("reservoir-group".into())
         .spawn(move || {
+            let session = Duration::from_millis(session_ms);
+            let mut last_poll = Instant::now();
             while !stopping.load(Ordering::Acquire) {
                 if node.rejoin.swap(false, Ordering::AcqRel) {
                     tracing::warn!("group: leaving and rejoining as a new member");
@@ -137,9 +168,16 @@ pub fn join(node: Arc<Node>) -> Result<Membership, String> {
                     }
                     node.rejoins.fetch_add(1, Ordering::Relaxed);
                 }
+                if last_poll.elapsed() > session {
+                    consumer
+                        .context()
+                        .woke_from_pause
+                        .store(true, Ordering::Release);
+                }
                 if let Some(Err(err)) = consumer.poll(POLL_INTERVAL) {
                     tracing::debug!(%err, "group: poll");
                 }
+                last_poll = Instant::now();
             }
             // Unsubscribing revokes every partition (the callback stops them)
             // and leaves the group, so the others take over at once.
