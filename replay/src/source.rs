@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use reservoir_core::PartitionKey;
 use reservoir_log::codec;
-use reservoir_log::embedded::{ENTRIES_CF, FORMAT_TAG, META_CF};
+use reservoir_log::embedded::ENTRIES_CF;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
 use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
-use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, ReadOptions, DB};
+use rocksdb::{IteratorMode, ReadOptions, DB};
 
 /// Why an entry could not be read, and the ledger partition it names if the
 /// start of the value still says so.
@@ -70,25 +70,7 @@ impl EmbeddedReader {
             .prefix("reservoir-replay-secondary")
             .tempdir()
             .map_err(|e| LogError::Storage(e.to_string()))?;
-        let mut options = Options::default();
-        options.set_max_open_files(-1);
-        let cfs = [ENTRIES_CF, META_CF].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
-        let db = DB::open_cf_descriptors_as_secondary(&options, path, secondary.path(), cfs)
-            .map_err(storage)?;
-        db.try_catch_up_with_primary().map_err(storage)?;
-        let meta = db
-            .cf_handle(META_CF)
-            .ok_or_else(|| LogError::Invalid("no meta column family".into()))?;
-        match db.get_cf(meta, b"format").map_err(storage)? {
-            Some(tag) if tag == FORMAT_TAG => {}
-            other => {
-                return Err(LogError::Invalid(format!(
-                    "{} is not a reservoir embedded log (format tag {:?})",
-                    path.display(),
-                    other.map(|t| String::from_utf8_lossy(&t).into_owned())
-                )))
-            }
-        }
+        let db = reservoir_log::embedded::open_secondary(path, secondary.path())?;
         let entries = db
             .cf_handle(ENTRIES_CF)
             .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;

@@ -230,6 +230,97 @@ impl EmbeddedLog {
     }
 }
 
+/// Reads and decodes the entries `[from, until)` of an embedded log's
+/// database (this process's, or a secondary's, see [`open_secondary`]): a
+/// missing entry below `until` is `Corrupt` (a hole), as is a value that does
+/// not decode; `storage` says what a RocksDB error means to the caller.
+pub fn read_range(
+    db: &DB,
+    from: u64,
+    until: u64,
+    storage: impl Fn(rocksdb::Error) -> LogError,
+) -> Result<Vec<(Position, LogEntry)>, LogError> {
+    let entries = db
+        .cf_handle(ENTRIES_CF)
+        .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
+    let mut options = ReadOptions::default();
+    options.set_iterate_upper_bound(offset_key(until).to_vec());
+    let start = offset_key(from);
+    let iter = db.iterator_cf_opt(
+        entries,
+        options,
+        IteratorMode::From(&start, Direction::Forward),
+    );
+    let mut out = Vec::with_capacity(until.saturating_sub(from) as usize);
+    let mut expected = from;
+    for item in iter {
+        let (key, value) = item.map_err(&storage)?;
+        let position = Position {
+            log_partition: 0,
+            offset: expected,
+        };
+        if key.as_ref() != offset_key(expected) {
+            return Err(LogError::Corrupt {
+                position,
+                reason: format!("hole: found key {key:?}"),
+            });
+        }
+        let entry = codec::decode(&value).map_err(|e| LogError::Corrupt {
+            position,
+            reason: e.to_string(),
+        })?;
+        out.push((position, entry));
+        expected += 1;
+    }
+    if expected != until {
+        return Err(LogError::Corrupt {
+            position: Position {
+                log_partition: 0,
+                offset: expected,
+            },
+            reason: "entry below the end missing".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// Opens the embedded log in `log_dir` as a RocksDB *secondary* instance: a
+/// read-only follower that never takes the primary's lock, so a running
+/// server keeps writing (catch up with `try_catch_up_with_primary`). Its own
+/// files go to `secondary_dir`. Refuses a directory that is not an embedded
+/// log (no RocksDB files, or another format tag).
+pub fn open_secondary(log_dir: &Path, secondary_dir: &Path) -> Result<DB, LogError> {
+    let storage = |e: rocksdb::Error| LogError::Storage(format!("{}: {e}", log_dir.display()));
+    if !log_dir.join("CURRENT").exists() {
+        return Err(LogError::Invalid(format!(
+            "{} is not an embedded log directory (no RocksDB CURRENT file)",
+            log_dir.display()
+        )));
+    }
+    let mut options = Options::default();
+    // Keep every table file open: the primary may compact (delete) one while
+    // this instance still lists it.
+    options.set_max_open_files(-1);
+    let cfs = [ENTRIES_CF, META_CF].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
+    let db = DB::open_cf_descriptors_as_secondary(&options, log_dir, secondary_dir, cfs)
+        .map_err(storage)?;
+    db.try_catch_up_with_primary().map_err(storage)?;
+    let meta = db
+        .cf_handle(META_CF)
+        .ok_or_else(|| LogError::Invalid("no meta column family".into()))?;
+    match db.get_cf(meta, META_FORMAT).map_err(storage)? {
+        Some(tag) if tag == FORMAT_TAG => {}
+        other => {
+            return Err(LogError::Invalid(format!(
+                "{} is not a reservoir embedded log (format tag {:?})",
+                log_dir.display(),
+                other.map(|t| String::from_utf8_lossy(&t).into_owned())
+            )))
+        }
+    }
+    Ok(db)
+}
+
 fn writer_gone() -> LogError {
     LogError::Unavailable("the embedded log's writer thread has stopped".into())
 }
@@ -591,50 +682,7 @@ impl EventLog for EmbeddedLog {
             return Ok(Vec::new());
         }
         let until = end.min(from_offset.saturating_add(max as u64));
-        let entries = self
-            .db
-            .cf_handle(ENTRIES_CF)
-            .ok_or_else(|| storage("read", "no entries column family"))?;
-        let mut options = ReadOptions::default();
-        options.set_iterate_upper_bound(offset_key(until).to_vec());
-        let start = offset_key(from_offset);
-        let iter = self.db.iterator_cf_opt(
-            entries,
-            options,
-            IteratorMode::From(&start, Direction::Forward),
-        );
-        let mut out = Vec::with_capacity((until - from_offset) as usize);
-        let mut expected = from_offset;
-        for item in iter {
-            let (key, value) = item.map_err(|e| storage("read", e))?;
-            let position = Position {
-                log_partition: 0,
-                offset: expected,
-            };
-            if key.as_ref() != offset_key(expected) {
-                return Err(LogError::Corrupt {
-                    position,
-                    reason: format!("hole: found key {key:?}"),
-                });
-            }
-            let entry = codec::decode(&value).map_err(|e| LogError::Corrupt {
-                position,
-                reason: e.to_string(),
-            })?;
-            out.push((position, entry));
-            expected += 1;
-        }
-        if expected != until {
-            let position = Position {
-                log_partition: 0,
-                offset: expected,
-            };
-            return Err(LogError::Corrupt {
-                position,
-                reason: "acknowledged entry missing".into(),
-            });
-        }
-        Ok(out)
+        read_range(&self.db, from_offset, until, |e| storage("read", e))
     }
 
     async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {

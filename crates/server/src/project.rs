@@ -27,10 +27,10 @@ use axum::routing::get;
 use axum::{Json, Router};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use reservoir_core::PartitionKey;
-use reservoir_log::embedded::{ENTRIES_CF, FORMAT_TAG, META_CF};
+use reservoir_log::embedded::ENTRIES_CF;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::{codec, EventLog, LogEntry, LogError, Position, Record};
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, DB};
+use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
+use rocksdb::{IteratorMode, DB};
 
 use crate::api::{self, AppState};
 use crate::config::{ProjectConfig, ProjectSource};
@@ -242,7 +242,6 @@ impl SecondaryLog {
     /// Opens `log_dir` (a server's `<data-dir>/log`) as a secondary whose own
     /// files go to `secondary_dir`.
     pub fn open(log_dir: &Path, secondary_dir: &Path) -> Result<Self, LogError> {
-        let storage = |e: rocksdb::Error| LogError::Storage(format!("{}: {e}", log_dir.display()));
         if !log_dir.join("CURRENT").exists() {
             return Err(LogError::Invalid(format!(
                 "{} is not an embedded log directory (no RocksDB CURRENT file); point --log-dir at a running server's <data-dir>/log",
@@ -252,27 +251,7 @@ impl SecondaryLog {
         std::fs::create_dir_all(secondary_dir).map_err(|e| {
             LogError::Storage(format!("cannot create {}: {e}", secondary_dir.display()))
         })?;
-        let mut options = Options::default();
-        // Keep every table file open: the primary may compact (delete) one
-        // while this instance still lists it.
-        options.set_max_open_files(-1);
-        let cfs = [ENTRIES_CF, META_CF].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
-        let db = DB::open_cf_descriptors_as_secondary(&options, log_dir, secondary_dir, cfs)
-            .map_err(storage)?;
-        db.try_catch_up_with_primary().map_err(storage)?;
-        let meta = db
-            .cf_handle(META_CF)
-            .ok_or_else(|| LogError::Invalid("no meta column family".into()))?;
-        match db.get_cf(meta, b"format").map_err(storage)? {
-            Some(tag) if tag == FORMAT_TAG => {}
-            other => {
-                return Err(LogError::Invalid(format!(
-                    "{} is not a reservoir embedded log (format tag {:?})",
-                    log_dir.display(),
-                    other.map(|t| String::from_utf8_lossy(&t).into_owned())
-                )))
-            }
-        }
+        let db = reservoir_log::embedded::open_secondary(log_dir, secondary_dir)?;
         let log = SecondaryLog {
             db,
             caught_up: Mutex::new((0, None)),
@@ -360,49 +339,7 @@ impl EventLog for SecondaryLog {
             return Ok(Vec::new());
         }
         let until = end.min(from_offset.saturating_add(max as u64));
-        let entries = self
-            .db
-            .cf_handle(ENTRIES_CF)
-            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
-        let mut options = ReadOptions::default();
-        options.set_iterate_upper_bound(until.to_be_bytes().to_vec());
-        let start = from_offset.to_be_bytes();
-        let iter = self.db.iterator_cf_opt(
-            entries,
-            options,
-            IteratorMode::From(&start, Direction::Forward),
-        );
-        let mut out = Vec::with_capacity((until - from_offset) as usize);
-        let mut expected = from_offset;
-        for item in iter {
-            let (key, value) = item.map_err(|e| self.storage(e))?;
-            let position = Position {
-                log_partition: 0,
-                offset: expected,
-            };
-            if offset_of(&key) != Some(expected) {
-                return Err(LogError::Corrupt {
-                    position,
-                    reason: format!("hole: found key {key:?}"),
-                });
-            }
-            let entry = codec::decode(&value).map_err(|e| LogError::Corrupt {
-                position,
-                reason: e.to_string(),
-            })?;
-            out.push((position, entry));
-            expected += 1;
-        }
-        if expected != until {
-            return Err(LogError::Corrupt {
-                position: Position {
-                    log_partition: 0,
-                    offset: expected,
-                },
-                reason: "entry below the end missing".into(),
-            });
-        }
-        Ok(out)
+        reservoir_log::embedded::read_range(&self.db, from_offset, until, |e| self.storage(e))
     }
 
     async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
