@@ -119,24 +119,15 @@ async fn a_fatal_log_error_answers_503_and_stops_the_server_for_a_restart() {
 /// exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_pipelined_batch_fails_the_batch_decided_on_top_of_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
-    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
-    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let (_dir, log, s) = pipelining_server().await;
     let before = log.records().len();
     let calls = log.append_calls();
     // Appends stay in flight until released, so the start is decided on top of
     // the reserve whatever the machine's load.
     log.hold_appends();
     log.fail_next_appends(1);
-    let reserving = {
-        let s = s.clone();
-        tokio::spawn(async move { s.reserve("x", "t", "r", 300).await })
-    };
-    eventually(Duration::from_secs(10), || async {
-        (log.append_calls() > calls).then_some(())
-    })
-    .await;
+    let reserve = serde_json::json!({"id": "x", "subject": "t", "route": "r", "units": 300});
+    let reserving = send_pipelined(&s, &log, "/v1/reservations", reserve).await;
     let starting = {
         let s = s.clone();
         tokio::spawn(async move {
@@ -209,20 +200,11 @@ async fn a_failed_pipelined_batch_fails_the_batch_decided_on_top_of_it() {
 /// answered after it, at a later log position.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_batch_is_answered_after_the_one_before() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
-    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
-    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let (_dir, log, s) = pipelining_server().await;
     let calls = log.append_calls();
     log.set_append_delay(Duration::from_millis(400));
-    let reserving = {
-        let s = s.clone();
-        tokio::spawn(async move { s.reserve("y", "t", "r", 300).await })
-    };
-    eventually(Duration::from_secs(5), || async {
-        (log.append_calls() > calls).then_some(())
-    })
-    .await;
+    let reserve = serde_json::json!({"id": "y", "subject": "t", "route": "r", "units": 300});
+    let reserving = send_pipelined(&s, &log, "/v1/reservations", reserve).await;
     let (status, started) = s
         .post(
             "/v1/reservations/y/start",
@@ -238,6 +220,20 @@ async fn a_pipelined_batch_is_answered_after_the_one_before() {
     log.set_append_delay(Duration::ZERO);
     let parts = s.assert_conserved().await;
     assert_eq!(parts[0]["reserved_units"], 300);
+}
+
+/// A server on an ordered memory log (so its writer pipelines), with a policy
+/// of 1,000 units published for t/r and no sweeps.
+async fn pipelining_server() -> (
+    tempfile::TempDir,
+    Arc<reservoir_server::memlog::MemoryLog>,
+    Arc<TestServer>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
+    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    (dir, log, s)
 }
 
 /// Sends `path` with `body` (a reserve when `path` is the collection) in the
@@ -266,10 +262,7 @@ async fn send_pipelined(
 /// start's log position.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_pipelined_batches_are_answered_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
-    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
-    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let (_dir, log, s) = pipelining_server().await;
     let calls = log.append_calls();
     log.hold_appends();
     let reserve = serde_json::json!({"id": "p", "subject": "t", "route": "r", "units": 300});
@@ -318,10 +311,7 @@ async fn several_pipelined_batches_are_answered_in_order() {
 /// effect is undone and the ledger is as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_batch_fails_every_batch_pipelined_behind_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
-    let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
-    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let (_dir, log, s) = pipelining_server().await;
     let before = log.records().len();
     let calls = log.append_calls();
     log.hold_appends();
