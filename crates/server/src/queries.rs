@@ -36,7 +36,7 @@ use reservoir_projections::model::{
 };
 use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use utoipa::{OpenApi, ToSchema};
 
 use crate::api::{AppState, PartitionKeyView};
@@ -121,13 +121,34 @@ impl QueryHandle {
 /// projection database.
 pub struct ProjectorTask {
     stop: watch::Sender<bool>,
-    done: oneshot::Receiver<()>,
+    /// Closed when the projector thread has finished; `None` once waited for.
+    done: Option<std::sync::mpsc::Receiver<()>>,
 }
 
+/// How long a dropped [`ProjectorTask`] waits for its thread to close the
+/// projection database.
+const STOP_ON_DROP_WAIT: Duration = Duration::from_secs(5);
+
 impl ProjectorTask {
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         let _ = self.stop.send(true);
-        let _ = self.done.await;
+        if let Some(done) = self.done.take() {
+            let _ = tokio::task::spawn_blocking(move || done.recv()).await;
+        }
+    }
+}
+
+/// Dropped without [`ProjectorTask::stop`] (the server's future was dropped,
+/// e.g. by a runtime shutting down): the projector thread is told to stop and
+/// given [`STOP_ON_DROP_WAIT`] to close its database, so the process does not
+/// exit while that thread is inside RocksDB (seen as `pthread lock: Invalid
+/// argument` aborts at the exit of a test binary).
+impl Drop for ProjectorTask {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = self.stop.send(true);
+            let _ = done.recv_timeout(STOP_ON_DROP_WAIT);
+        }
     }
 }
 
@@ -144,7 +165,7 @@ pub const PROJECTOR_NICE: i32 = 10;
 /// on a tokio worker it would hold up every request queued behind it.
 pub fn spawn<L: EventLog>(log: Arc<L>, data_dir: &FsPath, handle: QueryHandle) -> ProjectorTask {
     let (stop, stop_rx) = watch::channel(false);
-    let (done_tx, done) = oneshot::channel();
+    let (done_tx, done) = std::sync::mpsc::channel::<()>();
     let path = data_dir.join(PROJECTIONS_DIR);
     let spawned = std::thread::Builder::new()
         .name("reservoir-projector".into())
@@ -157,13 +178,16 @@ pub fn spawn<L: EventLog>(log: Arc<L>, data_dir: &FsPath, handle: QueryHandle) -
                 Ok(runtime) => runtime.block_on(follow(log, path, handle, stop_rx)),
                 Err(err) => tracing::error!(%err, "projector runtime; queries stay unavailable"),
             }
-            let _ = done_tx.send(());
+            drop(done_tx);
         });
     if let Err(err) = spawned {
         // `done_tx` was dropped with the closure: `stop` returns at once.
         tracing::error!(%err, "projector thread; queries stay unavailable");
     }
-    ProjectorTask { stop, done }
+    ProjectorTask {
+        stop,
+        done: Some(done),
+    }
 }
 
 /// Lowers the calling thread's scheduling priority (Linux: nice is per thread).
