@@ -49,8 +49,15 @@ pub fn decide(
     for body in &bodies {
         ledger_effect(&mut ledger, body).map_err(|_| InvalidInput::Overflow)?;
     }
-    debug_assert_eq!(ledger.check(), Ok(()), "decide produced unbalanced events");
-    Ok(stamp(partition, bodies, now_ms))
+    // Both sides of the decision, in the build we ship: a state that was already
+    // broken, or events that would break it, crash here rather than reach the log.
+    assert_eq!(
+        partition.ledger.check(),
+        Ok(()),
+        "decide called on a partition whose books do not balance"
+    );
+    assert_eq!(ledger.check(), Ok(()), "decide produced unbalanced events");
+    stamp(partition, bodies, now_ms)
 }
 
 /// The event to log when a reserve was refused for a limit, so refusal patterns
@@ -76,20 +83,28 @@ pub fn refusal_event(
         reason,
         retry_after_ms: rejection.retry_after_ms(),
     };
-    stamp(partition, vec![body], now_ms.max(partition.last_at_ms)).pop()
+    stamp(partition, vec![body], now_ms.max(partition.last_at_ms))
+        .ok()?
+        .pop()
 }
 
-fn stamp(partition: &Partition, bodies: Vec<EventBody>, now_ms: TimestampMs) -> Vec<Event> {
+/// Numbers the events after the partition's last one. A partition whose
+/// sequence would pass `u64::MAX` refuses (`Overflow`) rather than wrap.
+fn stamp(
+    partition: &Partition,
+    bodies: Vec<EventBody>,
+    now_ms: TimestampMs,
+) -> Result<Vec<Event>, Rejection> {
     let mut sequence = partition.last_sequence;
     bodies
         .into_iter()
         .map(|body| {
-            sequence += 1;
-            Event {
+            sequence = sequence.checked_add(1).ok_or(InvalidInput::Overflow)?;
+            Ok(Event {
                 sequence,
                 at_ms: now_ms,
                 body,
-            }
+            })
         })
         .collect()
 }
@@ -535,7 +550,7 @@ fn admission(
             available_units: available,
             retry_after_ms: policy
                 .refill
-                .time_to_credit(units - available, partition.refill_remainder),
+                .time_to_credit(units.saturating_sub(available), partition.refill_remainder),
         });
     }
     Ok(())
@@ -566,7 +581,8 @@ fn pending_refill(partition: &Partition, policy: &Policy, now: TimestampMs) -> O
         return None;
     }
     let repaid_units = credit.credit_units.min(partition.debt_units());
-    let left = credit.credit_units - repaid_units;
+    // `repaid_units <= credit_units` (a min): cannot under-run.
+    let left = credit.credit_units.saturating_sub(repaid_units);
     let room = room_below_burst(partition, policy);
     let to_available = left.min(room);
     // A full bucket drops the fractional remainder too: refill restarts from now.
@@ -576,7 +592,8 @@ fn pending_refill(partition: &Partition, policy: &Policy, now: TimestampMs) -> O
         credit.remainder
     };
     Some(EventBody::Refilled {
-        minted_units: repaid_units + to_available,
+        // Both parts are at most `credit_units`, so their sum is too.
+        minted_units: repaid_units.saturating_add(to_available),
         repaid_units,
         remainder,
     })
@@ -590,8 +607,10 @@ fn after_refill(partition: &Partition, refill: Option<&EventBody>) -> (Units, Un
             repaid_units,
             ..
         }) => (
-            available + (minted_units - repaid_units),
-            debt - repaid_units,
+            // A refill never lifts available above the burst, and never
+            // repays more than the debt: both are checked again in `apply`.
+            available.saturating_add(minted_units.saturating_sub(*repaid_units)),
+            debt.saturating_sub(*repaid_units),
         ),
         _ => (available, debt),
     }

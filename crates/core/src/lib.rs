@@ -10,7 +10,8 @@
 //!   the aggregate, [`Partition`] is its state, [`Ledger`] its conservation terms.
 //! - [`Reservation`] (`limitReservation.v1`) and [`ReservationState`], the state machine.
 //! - [`decide`] turns a [`Command`] into [`Event`]s or a [`Rejection`];
-//!   [`apply`] folds an event into state and is the only code that mutates it.
+//!   [`apply`] folds an event into state and is the only code that mutates it;
+//!   a [`Savepoint`] takes back events applied speculatively (a failed append).
 //!
 //! After every `apply`, `opening + minted + overdraftIssued = available + reserved
 //! + spent + retiredForEmergency + overdraftRepaid` holds (with the cross-partition
@@ -45,6 +46,7 @@ pub mod partition;
 pub mod policy;
 pub mod rejection;
 pub mod reservation;
+pub mod savepoint;
 pub mod sizing;
 pub mod types;
 pub mod usage;
@@ -57,6 +59,7 @@ pub use partition::{apply, try_apply, ApplyError, Partition};
 pub use policy::{CapacityUnit, EmergencyMode, Policy, RefillRule};
 pub use rejection::{InvalidInput, Rejection, Transition};
 pub use reservation::{Reservation, ReservationState, ShadowVerdict};
+pub use savepoint::Savepoint;
 pub use sizing::{size_reservation, EstimatorConfig, RouteEstimate, Sizing, SizingRule};
 pub use types::{
     MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
