@@ -266,6 +266,7 @@ async fn main() -> ExitCode {
                     reservoir: &reservoir_label,
                     redis_always: &redis_always_label,
                     redis_none: &redis_none_label,
+                    baseline: Some("baseline"),
                 };
                 let _ = write!(std::io::stdout(), "{}", markdown(&runs, &labels));
                 ExitCode::SUCCESS

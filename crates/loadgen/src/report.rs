@@ -12,6 +12,9 @@ pub struct Labels<'a> {
     pub redis_always: &'a str,
     /// Redis without persistence.
     pub redis_none: &'a str,
+    /// Reservoir built from another revision (`scripts/bench-http`'s target
+    /// `baseline`): a before/after ratio when such runs are present.
+    pub baseline: Option<&'a str>,
 }
 
 /// Parses JSON lines (blank lines and lines not starting with `{` are skipped).
@@ -113,6 +116,18 @@ pub fn markdown(runs: &[Summary], labels: &Labels<'_>) -> String {
                 ))
             }
             _ => s.push_str(&format!("- reservoir ÷ {name}: n/a (run missing)\n")),
+        }
+    }
+    if let (Some((a, na)), Some((b, nb))) =
+        (res, labels.baseline.and_then(|l| median_rate(runs, l)))
+    {
+        if b > 0.0 {
+            s.push_str(&format!(
+                "- reservoir ÷ baseline (the same server built from another revision): **{:.2}×** throughput ({a:.0} vs {b:.0} cycles/s, medians of {na} and {nb} runs); cycle p99 {} vs {} ms\n",
+                a / b,
+                ms(median_p99(runs, labels.reservoir)),
+                ms(median_p99(runs, labels.baseline.unwrap_or_default())),
+            ));
         }
     }
     if let (Some((a, _)), Some((b, _))) = (res, median_rate(runs, labels.redis_always)) {

@@ -331,6 +331,7 @@ fn report_gives_both_ratios_and_flags_errors() {
             reservoir: "reservoir",
             redis_always: "redis-always",
             redis_none: "redis-none",
+            baseline: None,
         },
     );
     assert!(md.contains("**1.50×**"), "{md}");
@@ -352,6 +353,7 @@ fn report_gives_both_ratios_and_flags_errors() {
             reservoir: "reservoir",
             redis_always: "redis-always",
             redis_none: "redis-none",
+            baseline: None,
         },
     );
     assert!(

@@ -7,9 +7,6 @@
 //! Bodies are read by [`ApiJson`], which turns every way a body can be wrong into
 //! a problem+json answer (see [`crate::problem`] for the status table).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, State};
@@ -17,98 +14,18 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use metrics_exporter_prometheus::PrometheusHandle;
 use reservoir_core::{Command, OperationId, PartitionKey, Policy, RequestDigest, ReservationId};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use utoipa::{OpenApi, ToSchema};
 
+pub use crate::app::AppState;
 use crate::problem::{ApiError, Problem};
 use crate::sizing::EstimatorBody;
-use crate::writer::{Answer, LogPosition, PartitionView, Receipt, Request, Writers};
-
-/// Shared by every handler. The writers appear once recovery finished.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    /// Replaced when the writers are rebuilt after the log was in doubt.
-    writers: std::sync::RwLock<Option<Writers>>,
-    ready: AtomicBool,
-    metrics: PrometheusHandle,
-    /// Estimator settings of the policies (see [`crate::sizing`]).
-    estimators: crate::sizing::EstimatorStore,
-    /// The projections' query side (see [`crate::queries`]).
-    queries: crate::queries::QueryHandle,
-}
-
-impl AppState {
-    pub fn new(metrics: PrometheusHandle) -> Self {
-        AppState {
-            inner: Arc::new(Inner {
-                writers: std::sync::RwLock::new(None),
-                ready: AtomicBool::new(false),
-                metrics,
-                queries: Default::default(),
-                estimators: Default::default(),
-            }),
-        }
-    }
-
-    /// Called when recovery is done (again after a rebuild): from now on `/readyz` is 200.
-    pub fn set_ready(&self, writers: Writers) {
-        *self
-            .inner
-            .writers
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Some(writers);
-        self.inner.ready.store(true, Ordering::Release);
-    }
-
-    pub fn estimators(&self) -> &crate::sizing::EstimatorStore {
-        &self.inner.estimators
-    }
-
-    pub fn queries(&self) -> &crate::queries::QueryHandle {
-        &self.inner.queries
-    }
-
-    /// The partition holding reservation `id`, as the writers know it.
-    pub fn locate(&self, id: &ReservationId) -> Option<PartitionKey> {
-        self.writers().ok()?.locate(id)
-    }
-
-    pub fn set_not_ready(&self) {
-        self.inner.ready.store(false, Ordering::Release);
-    }
-
-    fn writers(&self) -> Result<Writers, ApiError> {
-        match (
-            self.inner.ready.load(Ordering::Acquire),
-            self.inner
-                .writers
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref(),
-        ) {
-            (true, Some(w)) => Ok(w.clone()),
-            _ => Err(not_ready()),
-        }
-    }
-}
-
-fn not_ready() -> ApiError {
-    let mut e = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "not_ready",
-        "recovering the ledger from the log",
-    );
-    e.retry_after_s = Some(1);
-    e
-}
+pub use crate::views::PartitionKeyView;
+use crate::views::{LogPosition, PartitionView, Receipt};
+use crate::writer::{Amount, Answer, Request, Writers};
 
 /// The router, with the body limit applied to every route.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
@@ -215,26 +132,6 @@ pub struct PublishPolicy {
     /// becomes the policy's `estimator_digest` (give that empty or equal).
     #[serde(default)]
     pub estimator: Option<EstimatorBody>,
-}
-
-/// The identity of a ledger partition.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-pub struct PartitionKeyView {
-    pub subject: String,
-    pub route: String,
-    pub accounting_epoch: String,
-    pub policy_generation: u64,
-}
-
-impl From<&PartitionKey> for PartitionKeyView {
-    fn from(k: &PartitionKey) -> Self {
-        PartitionKeyView {
-            subject: k.subject.clone(),
-            route: k.route.clone(),
-            accounting_epoch: k.accounting_epoch.clone(),
-            policy_generation: k.policy_generation,
-        }
-    }
 }
 
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
@@ -395,13 +292,18 @@ fn path_id(path: Result<Path<String>, PathRejection>) -> Result<ReservationId, A
 
 fn receipt_response(answer: Answer) -> Result<Response, ApiError> {
     match answer {
-        Answer::Receipt { receipt, created } => {
+        Answer::Reservation {
+            key,
+            reservation,
+            position,
+            created,
+        } => {
             let status = if created {
                 StatusCode::CREATED
             } else {
                 StatusCode::OK
             };
-            Ok((status, Json(*receipt)).into_response())
+            Ok((status, Json(Receipt::new(&key, &reservation, position))).into_response())
         }
         other => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -463,7 +365,7 @@ pub async fn publish_policy(
         Answer::Published {
             key,
             created,
-            log_position,
+            position,
         } => {
             let status = if created {
                 StatusCode::CREATED
@@ -474,7 +376,7 @@ pub async fn publish_policy(
                 status,
                 Json(PublishedPolicy {
                     partition_key: (&key).into(),
-                    log_position,
+                    log_position: position.map(LogPosition::from),
                 }),
             )
                 .into_response())
@@ -590,11 +492,10 @@ pub async fn reserve(
         Some(existing) => writers.shard_of_key(&existing),
         None => writers.shard_of_key(&key),
     };
-    let (digest, units, sizing) = match (body.units, body.counted_input_tokens, body.max_tokens) {
+    let (digest, amount) = match (body.units, body.counted_input_tokens, body.max_tokens) {
         (Some(units), None, None) => (
             request_digest(&body.subject, &body.route, units),
-            units,
-            None,
+            Amount::Units(units),
         ),
         (Some(_), ..) => {
             return Err(ApiError::new(
@@ -610,36 +511,26 @@ pub async fn reserve(
                 "give units, or counted_input_tokens to have the server size the reservation",
             ));
         }
-        (None, Some(counted), max_tokens) => {
-            let sizing = size(
-                &state,
-                &writers,
-                shard,
+        // Sized by the shard against the policy it decides with (see `crate::sizing`).
+        (None, Some(counted_input_tokens), max_tokens) => (
+            crate::sizing::sized_request_digest(
                 &body.subject,
                 &body.route,
-                counted,
+                counted_input_tokens,
                 max_tokens,
-            )
-            .await?;
-            (
-                crate::sizing::sized_request_digest(
-                    &body.subject,
-                    &body.route,
-                    counted,
-                    max_tokens,
-                ),
-                sizing.units,
-                Some(sizing),
-            )
-        }
+            ),
+            Amount::Sized {
+                counted_input_tokens,
+                max_tokens,
+            },
+        ),
     };
     let request = Request::Reserve {
         subject: body.subject,
         route: body.route,
         id,
         digest,
-        units,
-        sizing,
+        amount,
     };
     receipt_response(writers.call(shard, request).await?)
 }
@@ -663,74 +554,6 @@ fn check_estimator(estimator: &EstimatorBody, policy: &Policy) -> Result<String,
         )));
     }
     Ok(digest)
-}
-
-/// Sizes a reserve that gave no units (see [`crate::sizing`]): the active
-/// policy's estimator, the route's drift and estimates from the projections.
-async fn size(
-    state: &AppState,
-    writers: &Writers,
-    shard: usize,
-    subject: &str,
-    route: &str,
-    counted_input_tokens: u64,
-    max_tokens: Option<u64>,
-) -> Result<reservoir_core::Sizing, ApiError> {
-    let policy = match writers
-        .call(
-            shard,
-            Request::GetPolicy {
-                subject: subject.to_string(),
-                route: route.to_string(),
-            },
-        )
-        .await?
-    {
-        Answer::Policy { policy, .. } => policy,
-        other => {
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("unexpected answer {other:?}"),
-            ))
-        }
-    };
-    let estimator = if policy.estimator_digest.is_empty() {
-        crate::sizing::default_estimator(&policy)
-    } else {
-        state.estimators().get(&policy.estimator_digest).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "estimator_unknown",
-                format!(
-                    "the policy's estimator {} is not stored on this node; publish the policy with its estimator again",
-                    policy.estimator_digest
-                ),
-            )
-        })?
-    };
-    let config = estimator.config();
-    let (drift, own, sibling) = crate::queries::sizing_inputs(
-        state,
-        route,
-        estimator.sibling_route.as_deref(),
-        config.quantile_ppm,
-    );
-    reservoir_core::size_reservation(
-        &config,
-        counted_input_tokens,
-        crate::sizing::drift_ppm(drift),
-        max_tokens,
-        own,
-        sibling,
-    )
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_input",
-            e.to_string(),
-        )
-    })
 }
 
 /// The partition holding reservation `id` and its writer shard, or a 404.
@@ -858,7 +681,7 @@ pub async fn list_partitions(State(state): State<AppState>) -> Result<Response, 
     let mut all = Vec::new();
     for shard in 0..writers.shards() {
         match writers.call(shard, Request::Partitions).await? {
-            Answer::Partitions(views) => all.extend(views),
+            Answer::Partitions(statuses) => all.extend(statuses.iter().map(PartitionView::from)),
             other => {
                 return Err(ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -905,7 +728,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError>
 pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.inner.metrics.render(),
+        state.metrics().render(),
     )
 }
 
@@ -936,7 +759,7 @@ async fn openapi_json() -> impl IntoResponse {
     ),
     components(schemas(
         Receipt,
-        crate::writer::SizingReceipt,
+        crate::views::SizingReceipt,
         LogPosition,
         Problem,
         ReserveBody,

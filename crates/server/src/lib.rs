@@ -23,6 +23,8 @@
 //! the binary passes SIGTERM/Ctrl-C, tests pass a channel.
 
 pub mod api;
+pub mod app;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod memlog;
@@ -34,6 +36,7 @@ pub mod sizing;
 pub mod snapshot;
 pub mod sweeper;
 pub mod telemetry;
+pub mod views;
 pub mod writer;
 
 use std::future::Future;
@@ -72,12 +75,34 @@ pub async fn start<L: EventLog>(
     claim_epochs: Vec<u64>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, String> {
+    start_with_clock(
+        config,
+        log,
+        writer_id,
+        claim_epochs,
+        clock::system(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`start`] on a given clock: every time the writer records and every
+/// "is it due" the sweepers ask comes from it (tests drive a
+/// [`clock::ManualClock`]).
+pub async fn start_with_clock<L: EventLog>(
+    config: Config,
+    log: Arc<L>,
+    writer_id: String,
+    claim_epochs: Vec<u64>,
+    clock: clock::SharedClock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningServer, String> {
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let state = api::AppState::new(telemetry::install());
+    let state = app::AppState::new(telemetry::install());
     let app = api::router(state.clone(), config.max_body_bytes);
     state.estimators().set_dir(&config.data_dir);
     // The read side follows the same log in its own database.
@@ -139,9 +164,12 @@ pub async fn start<L: EventLog>(
                 stop: stop_rx.clone(),
                 fatal: fatal_tx,
                 in_doubt: Some(in_doubt_tx),
+                clock: clock.clone(),
+                sizer: state.sizer(),
             });
             let sweeper = tokio::spawn(sweeper::run(
                 writers.clone(),
+                clock.clone(),
                 config.sweep_interval,
                 config.refill_interval,
                 stop_rx.clone(),
@@ -286,7 +314,7 @@ impl<L: EventLog> Snapshotter<L> {
             let mut complete = true;
             for shard in 0..writers.shards() {
                 match writers.call(shard, writer::Request::Snapshot).await {
-                    Ok(writer::Answer::Snapshot(s)) => parts.push((s.partitions, s.active)),
+                    Ok(writer::Answer::Snapshot(state)) => parts.push(snapshot::capture(&state)),
                     _ => complete = false,
                 }
             }

@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use reservoir_core::{CapacityUnit, Rejection};
 use serde::{Deserialize, Serialize};
 
+use crate::sizing::SizingFailure;
 use crate::writer::Failure;
 
 pub const PROBLEM_BASE: &str = "https://reservoir.dev/problems/";
@@ -159,6 +160,16 @@ impl From<Failure> for ApiError {
                 "no_policy",
                 "no policy is published for this subject and route",
             ),
+            Failure::Sizing(SizingFailure::EstimatorUnknown { digest }) => ApiError::new(
+                StatusCode::CONFLICT,
+                "estimator_unknown",
+                format!(
+                    "the policy's estimator {digest} is not stored on this node; publish the policy with its estimator again"
+                ),
+            ),
+            Failure::Sizing(SizingFailure::Invalid(why)) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", why)
+            }
             Failure::Unavailable(why) => ApiError::unavailable(why),
             Failure::Internal(why) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", why)

@@ -39,8 +39,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use utoipa::{OpenApi, ToSchema};
 
-use crate::api::{AppState, PartitionKeyView};
+use crate::app::AppState;
 use crate::problem::{ApiError, Problem};
+use crate::views::PartitionKeyView;
 
 /// Default and maximum of `?wait_ms=`.
 pub const DEFAULT_WAIT_MS: u64 = 2_000;
@@ -1050,7 +1051,7 @@ pub struct QueriesDoc;
 /// estimate and its sibling's, at `quantile_ppm`. Nothing while the
 /// projections are not open (a cold route then reserves its ceiling).
 pub fn sizing_inputs(
-    state: &AppState,
+    queries: &QueryHandle,
     route: &str,
     sibling: Option<&str>,
     quantile_ppm: u64,
@@ -1059,7 +1060,7 @@ pub fn sizing_inputs(
     Option<reservoir_core::RouteEstimate>,
     Option<reservoir_core::RouteEstimate>,
 ) {
-    let Ok(live) = state.queries().live() else {
+    let Ok(live) = queries.live() else {
         return (None, None, None);
     };
     let p = &live.projections;

@@ -176,3 +176,67 @@ impl EstimatorStore {
         })
     }
 }
+
+/// Why a reserve the server was to size could not be sized.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SizingFailure {
+    /// The policy names estimator settings this node does not have.
+    EstimatorUnknown { digest: String },
+    /// The inputs cannot be sized (see `reservoir_core::size_reservation`).
+    Invalid(String),
+}
+
+/// The one interface between the write path and sizing: the shard calls it
+/// with the policy it is about to decide against, in the same trip.
+pub trait Sizer: Send + Sync {
+    fn size(
+        &self,
+        policy: &Policy,
+        counted_input_tokens: u64,
+        max_tokens: Option<u64>,
+    ) -> Result<reservoir_core::Sizing, SizingFailure>;
+}
+
+/// Sizing from the policy's estimator settings and what the projections have
+/// learnt of the route (drift, output digests), as far as they have followed
+/// the log when the reserve is decided.
+#[derive(Clone)]
+pub struct ProjectionSizer {
+    pub estimators: EstimatorStore,
+    pub queries: crate::queries::QueryHandle,
+}
+
+impl Sizer for ProjectionSizer {
+    fn size(
+        &self,
+        policy: &Policy,
+        counted_input_tokens: u64,
+        max_tokens: Option<u64>,
+    ) -> Result<reservoir_core::Sizing, SizingFailure> {
+        let estimator = if policy.estimator_digest.is_empty() {
+            default_estimator(policy)
+        } else {
+            self.estimators
+                .get(&policy.estimator_digest)
+                .ok_or_else(|| SizingFailure::EstimatorUnknown {
+                    digest: policy.estimator_digest.clone(),
+                })?
+        };
+        let config = estimator.config();
+        let (drift, own, sibling) = crate::queries::sizing_inputs(
+            &self.queries,
+            &policy.route,
+            estimator.sibling_route.as_deref(),
+            config.quantile_ppm,
+        );
+        reservoir_core::size_reservation(
+            &config,
+            counted_input_tokens,
+            drift_ppm(drift),
+            max_tokens,
+            own,
+            sibling,
+        )
+        .map_err(|e| SizingFailure::Invalid(e.to_string()))
+    }
+}

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use reservoir_core::{Partition, PartitionKey, ReservationId};
 use serde::{Deserialize, Serialize};
 
-use crate::writer::{LogPosition, PartitionState, ShardState};
+use crate::writer::{PartitionState, ShardState};
 
 pub const FORMAT: &str = "reservoir.snapshot.v1";
 
@@ -36,12 +36,37 @@ pub struct Cut {
     pub claim_epoch: u64,
 }
 
+/// A log position as the snapshot file spells it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct SnapPosition {
+    pub log_partition: u32,
+    pub offset: u64,
+}
+
+impl From<reservoir_log::Position> for SnapPosition {
+    fn from(p: reservoir_log::Position) -> Self {
+        SnapPosition {
+            log_partition: p.log_partition,
+            offset: p.offset,
+        }
+    }
+}
+
+impl From<SnapPosition> for reservoir_log::Position {
+    fn from(p: SnapPosition) -> Self {
+        reservoir_log::Position {
+            log_partition: p.log_partition,
+            offset: p.offset,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SnapPartition {
     pub key: PartitionKey,
     pub partition: Partition,
-    pub positions: Vec<(ReservationId, LogPosition)>,
-    pub opened_at: Option<LogPosition>,
+    pub positions: Vec<(ReservationId, SnapPosition)>,
+    pub opened_at: Option<SnapPosition>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -127,20 +152,9 @@ impl SnapPartition {
             positions: self
                 .positions
                 .into_iter()
-                .map(|(id, p)| {
-                    (
-                        id,
-                        reservoir_log::Position {
-                            log_partition: p.log_partition,
-                            offset: p.offset,
-                        },
-                    )
-                })
+                .map(|(id, p)| (id, p.into()))
                 .collect(),
-            opened_at: self.opened_at.map(|p| reservoir_log::Position {
-                log_partition: p.log_partition,
-                offset: p.offset,
-            }),
+            opened_at: self.opened_at.map(Into::into),
         };
         (self.key, state)
     }

@@ -6,37 +6,45 @@
 //! → `Expire`; started calls past their hard execution limit → `MarkUsageUnknown`;
 //! every `refill_interval`, partitions with debt or below their burst → `Refill`)
 //! and sends them all at once, so they share the shard's next group commit.
+//!
+//! "Due" is judged on the injected [`crate::clock::Clock`], the same one the
+//! writer stamps events with; only the pace of the ticks is real time.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use reservoir_core::TimestampMs;
 use tokio::sync::watch;
 
-use crate::writer::{clock_ms, Answer, Failure, Request, Writers};
+use crate::clock::SharedClock;
+use crate::writer::{Answer, Failure, Request, Writers};
 
 pub async fn run(
     writers: Writers,
+    clock: SharedClock,
     sweep_interval: Duration,
     refill_interval: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(sweep_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_refill = Instant::now();
+    let refill_interval_ms = u64::try_from(refill_interval.as_millis()).unwrap_or(u64::MAX);
+    let mut last_refill_ms: TimestampMs = clock.now_ms();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let refill = last_refill.elapsed() >= refill_interval;
+        let now_ms = clock.now_ms();
+        let refill = now_ms.saturating_sub(last_refill_ms) >= refill_interval_ms;
         if refill {
-            last_refill = Instant::now();
+            last_refill_ms = now_ms;
         }
-        sweep(&writers, refill).await;
+        sweep(&writers, now_ms, refill).await;
     }
 }
 
-async fn sweep(writers: &Writers, refill: bool) {
-    let now_ms = clock_ms();
+/// One sweep at `now_ms`: collects what is due from every shard and sends it.
+pub async fn sweep(writers: &Writers, now_ms: TimestampMs, refill: bool) {
     let mut calls = Vec::new();
     for shard in 0..writers.shards() {
         let due = match writers

@@ -11,9 +11,7 @@
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use reservoir_core::{EventBody, PartitionKey};
-
-use crate::writer::PartitionState;
+use reservoir_core::{EventBody, Partition, PartitionKey};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -60,7 +58,7 @@ pub fn install() -> PrometheusHandle {
 }
 
 /// Records what one committed event means for the metrics.
-pub fn record_event(key: &PartitionKey, body: &EventBody, state: Option<&PartitionState>) {
+pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Partition>) {
     match body {
         EventBody::Reserved { .. } => {
             metrics::counter!("reservoir_admissions_total", "route" => key.route.clone())
@@ -80,8 +78,8 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, state: Option<&Partiti
             overdraft_units,
             ..
         } => {
-            let reserved = state
-                .and_then(|s| s.partition.reservation(id))
+            let reserved = partition
+                .and_then(|p| p.reservation(id))
                 .map(|r| r.reserved_units)
                 .unwrap_or(0);
             if reserved > 0 {

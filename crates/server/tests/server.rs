@@ -8,8 +8,12 @@
 #[path = "server/support.rs"]
 mod support;
 
+#[path = "server/clock.rs"]
+mod clock;
 #[path = "server/cluster.rs"]
 mod cluster;
+#[path = "server/config.rs"]
+mod config;
 #[path = "server/crash.rs"]
 mod crash;
 #[path = "server/failures.rs"]

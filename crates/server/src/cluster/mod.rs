@@ -245,7 +245,7 @@ pub async fn run(
         // The writers do not need it; the queries answer 503 until it exists.
         tracing::error!(%err, data_dir = %config.data_dir.display(), "cannot create the data directory for the projections");
     }
-    let idle_state = crate::api::AppState::new(crate::telemetry::install());
+    let idle_state = crate::app::AppState::new(crate::telemetry::install());
     let queries = idle_state.queries().clone();
     let projector = crate::queries::spawn(
         Arc::new(crate::project::ReadOnly(reader)),

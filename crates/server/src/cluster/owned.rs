@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use super::{Node, SlotState};
 use crate::writer::{self, Writers};
-use crate::{api, recovery, sweeper, telemetry};
+use crate::{api, app, recovery, sweeper, telemetry};
 
 /// Longest wait between two take-over attempts of one partition.
 pub const TAKE_OVER_BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -167,6 +167,10 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
     let index = Arc::new(std::sync::RwLock::new(recovered.index));
     let (stop_tx, stop_rx) = watch::channel(false);
     let (fatal_tx, mut fatal_rx) = watch::channel(None::<String>);
+    let state = app::AppState::new(telemetry::install());
+    // Sizing reads the node's projection of the whole topic.
+    state.queries().share(&node.queries);
+    let clock = crate::clock::system();
     let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
         log: view.clone(),
         states: recovered.shards,
@@ -177,16 +181,16 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
         stop: stop_rx.clone(),
         fatal: fatal_tx,
         in_doubt: None,
+        clock: clock.clone(),
+        sizer: state.sizer(),
     });
     let sweeper = tokio::spawn(sweeper::run(
         writers.clone(),
+        clock,
         node.config.sweep_interval,
         node.config.refill_interval,
         stop_rx,
     ));
-    let state = api::AppState::new(telemetry::install());
-    // Sizing reads the node's projection of the whole topic.
-    state.queries().share(&node.queries);
     state.set_ready(writers.clone());
     let owned = Arc::new(Owned {
         log_partition: p,

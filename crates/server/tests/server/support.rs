@@ -65,12 +65,30 @@ impl TestServer {
         writer_id: String,
         epochs: Vec<u64>,
     ) -> TestServer {
-        let (tx, rx) = oneshot::channel::<()>();
-        let server = reservoir_server::start(config, log, writer_id, epochs, async move {
-            let _ = rx.await;
-        })
+        TestServer::launch_on(
+            log,
+            config,
+            writer_id,
+            epochs,
+            reservoir_server::clock::system(),
+        )
         .await
-        .expect("server starts");
+    }
+
+    async fn launch_on<L: EventLog>(
+        log: Arc<L>,
+        config: Config,
+        writer_id: String,
+        epochs: Vec<u64>,
+        clock: reservoir_server::clock::SharedClock,
+    ) -> TestServer {
+        let (tx, rx) = oneshot::channel::<()>();
+        let server =
+            reservoir_server::start_with_clock(config, log, writer_id, epochs, clock, async move {
+                let _ = rx.await;
+            })
+            .await
+            .expect("server starts");
         TestServer {
             base: format!("http://{}", server.addr),
             client: reqwest::Client::builder()
@@ -106,6 +124,29 @@ impl TestServer {
                 .expect("open log");
         let claim = log.claim(0).await.expect("claim");
         TestServer::start_as(Arc::new(log), config, claim.writer_id, vec![claim.epoch]).await
+    }
+
+    /// An in-process server on the embedded log in `dir` whose writer and
+    /// sweepers read time from `clock` only.
+    pub async fn embedded_on_clock(
+        dir: &std::path::Path,
+        clock: reservoir_server::clock::SharedClock,
+    ) -> TestServer {
+        let config = test_config(dir);
+        let log =
+            reservoir_log::embedded::EmbeddedLog::open(config.data_dir.join("log"), "test-writer")
+                .expect("open log");
+        let claim = log.claim(0).await.expect("claim");
+        let t = TestServer::launch_on(
+            Arc::new(log),
+            config,
+            claim.writer_id,
+            vec![claim.epoch],
+            clock,
+        )
+        .await;
+        t.wait_ready().await;
+        t
     }
 
     /// An in-process server on a fresh embedded log in a temporary directory.

@@ -1,0 +1,111 @@
+//! The composition root: what every handler shares. The writers appear once
+//! recovery finished (and are replaced when they are rebuilt after the log was
+//! in doubt); the query side, the estimator settings and the metrics handle live
+//! for the whole process.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use metrics_exporter_prometheus::PrometheusHandle;
+use reservoir_core::{PartitionKey, ReservationId};
+
+use crate::problem::ApiError;
+use crate::queries::QueryHandle;
+use crate::sizing::{EstimatorStore, ProjectionSizer};
+use crate::writer::Writers;
+
+/// Shared by every handler. The writers appear once recovery finished.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Replaced when the writers are rebuilt after the log was in doubt.
+    writers: std::sync::RwLock<Option<Writers>>,
+    ready: AtomicBool,
+    metrics: PrometheusHandle,
+    /// Estimator settings of the policies (see [`crate::sizing`]).
+    estimators: EstimatorStore,
+    /// The projections' query side (see [`crate::queries`]).
+    queries: QueryHandle,
+}
+
+impl AppState {
+    pub fn new(metrics: PrometheusHandle) -> Self {
+        AppState {
+            inner: Arc::new(Inner {
+                writers: std::sync::RwLock::new(None),
+                ready: AtomicBool::new(false),
+                metrics,
+                queries: Default::default(),
+                estimators: Default::default(),
+            }),
+        }
+    }
+
+    /// Called when recovery is done (again after a rebuild): from now on `/readyz` is 200.
+    pub fn set_ready(&self, writers: Writers) {
+        *self
+            .inner
+            .writers
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(writers);
+        self.inner.ready.store(true, Ordering::Release);
+    }
+
+    pub fn estimators(&self) -> &EstimatorStore {
+        &self.inner.estimators
+    }
+
+    pub fn queries(&self) -> &QueryHandle {
+        &self.inner.queries
+    }
+
+    /// The partition holding reservation `id`, as the writers know it.
+    pub fn locate(&self, id: &ReservationId) -> Option<PartitionKey> {
+        self.writers().ok()?.locate(id)
+    }
+
+    /// What the writers size reserves with: this process's estimator settings
+    /// and projections.
+    pub fn sizer(&self) -> Arc<ProjectionSizer> {
+        Arc::new(ProjectionSizer {
+            estimators: self.inner.estimators.clone(),
+            queries: self.inner.queries.clone(),
+        })
+    }
+
+    pub fn metrics(&self) -> &PrometheusHandle {
+        &self.inner.metrics
+    }
+
+    pub fn set_not_ready(&self) {
+        self.inner.ready.store(false, Ordering::Release);
+    }
+
+    pub fn writers(&self) -> Result<Writers, ApiError> {
+        match (
+            self.inner.ready.load(Ordering::Acquire),
+            self.inner
+                .writers
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref(),
+        ) {
+            (true, Some(w)) => Ok(w.clone()),
+            _ => Err(not_ready()),
+        }
+    }
+}
+
+fn not_ready() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not_ready",
+        "recovering the ledger from the log",
+    );
+    e.retry_after_s = Some(1);
+    e
+}

@@ -1,0 +1,310 @@
+//! One request against the shard's state: what each kind of request decides,
+//! reads or answers. Commands go through `reservoir_core::decide`; their events
+//! are applied speculatively (`pipeline`) and answered once durable. Reads are
+//! answered from state, after the batch that last changed what they read.
+
+use reservoir_core::{
+    decide, refusal_event, Command, EventBody, Partition, PartitionKey, Policy, Rejection,
+    RequestDigest, ReservationId, TimestampMs,
+};
+
+use super::pipeline::{Batch, Pending, PositionFrom, Shard, Undo};
+use super::protocol::{Amount, Answer, Failure, PartitionStatus, Request};
+use super::shard_of;
+
+impl Shard {
+    pub(super) fn decide_one(&mut self, batch: &mut Batch, request: Request) -> Pending {
+        match request {
+            Request::Publish { key, policy } => self.publish(batch, key, policy),
+            Request::GetPolicy { subject, route } => Pending::Ready(
+                self.active_policy(&subject, &route)
+                    .map(|(key, policy)| Answer::Policy {
+                        key: key.clone(),
+                        policy: Box::new(policy.clone()),
+                    })
+                    .ok_or(Failure::NoPolicy),
+            ),
+            Request::Reserve {
+                subject,
+                route,
+                id,
+                digest,
+                amount,
+            } => self.reserve(batch, subject, route, id, digest, amount),
+            Request::Act { key, command } => self.act(batch, key, command),
+            Request::Get { key, id } => self.get(batch, &key, &id),
+            Request::Snapshot => Pending::Ready(Ok(Answer::Snapshot(Box::new(self.state.clone())))),
+            Request::Partitions => Pending::Ready(Ok(Answer::Partitions(
+                self.state
+                    .partitions
+                    .iter()
+                    .map(|(key, ps)| PartitionStatus {
+                        key: key.clone(),
+                        partition: ps.partition.without_reservations(),
+                        reservations: ps.partition.reservations.len(),
+                        invariants: ps.partition.check_invariants(),
+                    })
+                    .collect(),
+            ))),
+            Request::CollectDue { now_ms, refill } => {
+                Pending::Ready(Ok(Answer::Due(self.collect_due(now_ms, refill))))
+            }
+        }
+    }
+
+    /// The active partition of a subject/route and its policy.
+    fn active_policy(&self, subject: &str, route: &str) -> Option<(&PartitionKey, &Policy)> {
+        let key = self
+            .state
+            .active
+            .get(&(subject.to_string(), route.to_string()))?;
+        let policy = self.state.partitions.get(key)?.partition.policy.as_ref()?;
+        Some((key, policy))
+    }
+
+    /// The writer's `now` for a partition: the clock, never behind the
+    /// partition's last event (so time recorded in the log never goes back).
+    fn now_for(&self, key: &PartitionKey) -> TimestampMs {
+        let last = self
+            .state
+            .partitions
+            .get(key)
+            .map(|ps| ps.partition.last_at_ms)
+            .unwrap_or(0);
+        self.clock.now_ms().max(last)
+    }
+
+    fn rejected(&self, key: &PartitionKey, rejection: Rejection) -> Failure {
+        let policy = self
+            .state
+            .partitions
+            .get(key)
+            .and_then(|ps| ps.partition.policy.as_ref());
+        Failure::Rejected {
+            rejection,
+            policy_generation: policy.map(|p| p.generation),
+            capacity_unit: policy.map(|p| p.capacity_unit),
+        }
+    }
+
+    /// A reserve: against the partition that already holds the id (a retry),
+    /// else the subject/route's active one, sized there if it names no units.
+    fn reserve(
+        &mut self,
+        batch: &mut Batch,
+        subject: String,
+        route: String,
+        id: ReservationId,
+        digest: RequestDigest,
+        amount: Amount,
+    ) -> Pending {
+        let located = self.index.read().expect("index lock").get(&id).cloned();
+        let key = match located {
+            Some(key) => key,
+            None => match self.state.active.get(&(subject, route)) {
+                Some(key) => key.clone(),
+                None => return Pending::Ready(Err(Failure::NoPolicy)),
+            },
+        };
+        if shard_of(&key.subject, &key.route, self.shards) != self.id {
+            // The id is held by another subject/route: the digests cannot match.
+            return Pending::Ready(Err(
+                self.rejected(&key, Rejection::ExistsWithDifferentDigest { id })
+            ));
+        }
+        let (units, sizing) = match amount {
+            Amount::Units(units) => (units, None),
+            Amount::Sized {
+                counted_input_tokens,
+                max_tokens,
+            } => {
+                let partition = self.state.partitions.get(&key).map(|ps| &ps.partition);
+                match (
+                    partition.and_then(|p| p.reservation(&id)),
+                    partition.and_then(|p| p.policy.as_ref()),
+                ) {
+                    // A retry: the digest (over the sizing inputs) decides, and
+                    // the record keeps the units it was sized with back then.
+                    (Some(existing), _) => (existing.reserved_units, existing.sizing),
+                    (None, Some(policy)) => {
+                        match self.sizer.size(policy, counted_input_tokens, max_tokens) {
+                            Ok(sizing) => (sizing.units, Some(sizing)),
+                            Err(failure) => return Pending::Ready(Err(Failure::Sizing(failure))),
+                        }
+                    }
+                    (None, None) => return Pending::Ready(Err(Failure::NoPolicy)),
+                }
+            }
+        };
+        self.act(
+            batch,
+            key,
+            Command::Reserve {
+                id,
+                digest,
+                units,
+                sizing,
+            },
+        )
+    }
+
+    fn get(&self, batch: &Batch, key: &PartitionKey, id: &ReservationId) -> Pending {
+        let ps = self.state.partitions.get(key);
+        let record = ps.and_then(|ps| ps.partition.reservation(id));
+        match (record, self.position_of(batch, key, id)) {
+            (Some(r), Some(PositionFrom::Known(position))) => {
+                Pending::Ready(Ok(Answer::Reservation {
+                    key: key.clone(),
+                    reservation: Box::new(r.clone()),
+                    position,
+                    created: false,
+                }))
+            }
+            // Changed by the batch in flight: answered after it lands (or 503 with it).
+            (Some(r), Some(position @ PositionFrom::Earlier { .. })) => Pending::Reservation {
+                key: key.clone(),
+                reservation: Box::new(r.clone()),
+                created: false,
+                position,
+            },
+            // Not yet durable (decided in this very batch) or unknown.
+            _ => Pending::Ready(Err(
+                self.rejected(key, Rejection::UnknownReservation { id: id.clone() })
+            )),
+        }
+    }
+
+    fn publish(&mut self, batch: &mut Batch, key: PartitionKey, policy: Policy) -> Pending {
+        let now = self.now_for(&key);
+        let current = self.state.partitions.get(&key).map(|ps| &ps.partition);
+        let empty = Partition::default();
+        let command = Command::OpenPartition {
+            key: key.clone(),
+            policy,
+        };
+        match decide(current.unwrap_or(&empty), &command, now) {
+            Ok(events) if events.is_empty() => {
+                let position = self
+                    .state
+                    .partitions
+                    .get(&key)
+                    .and_then(|ps| ps.opened_at)
+                    .map(PositionFrom::Known);
+                Pending::Published {
+                    key,
+                    created: false,
+                    position,
+                }
+            }
+            Ok(events) => {
+                let sr = (key.subject.clone(), key.route.clone());
+                let previous = self.state.active.get(&sr).cloned();
+                let record = self.commit_speculatively(batch, &key, events);
+                batch.undo.push(Undo::Active(sr.clone(), previous.clone()));
+                self.state.active.insert(sr, key.clone());
+                // The superseded generation stops admitting; its reservations still finish.
+                if let Some(old) = previous.filter(|old| *old != key) {
+                    let old_now = self.now_for(&old);
+                    let old_partition = &self.state.partitions[&old].partition;
+                    if let Ok(events) = decide(old_partition, &Command::Close, old_now) {
+                        if !events.is_empty() {
+                            self.commit_speculatively(batch, &old, events);
+                        }
+                    }
+                }
+                Pending::Published {
+                    key,
+                    created: true,
+                    position: Some(PositionFrom::Record(record)),
+                }
+            }
+            Err(rejection) => Pending::Ready(Err(Failure::Rejected {
+                rejection,
+                policy_generation: Some(key.policy_generation),
+                capacity_unit: None,
+            })),
+        }
+    }
+
+    pub(super) fn act(
+        &mut self,
+        batch: &mut Batch,
+        key: PartitionKey,
+        command: Command,
+    ) -> Pending {
+        let now = self.now_for(&key);
+        let Some(ps) = self.state.partitions.get(&key) else {
+            return Pending::Ready(Err(Failure::NoPolicy));
+        };
+        match decide(&ps.partition, &command, now) {
+            Ok(events) => {
+                let created = events
+                    .iter()
+                    .any(|e| matches!(e.body, EventBody::Reserved { .. }));
+                if created {
+                    let id = command
+                        .reservation_id()
+                        .expect("reserve names an id")
+                        .clone();
+                    let mut index = self.index.write().expect("index lock");
+                    match index.get(&id) {
+                        Some(other) if *other != key => {
+                            // Another shard took this id for another subject/route meanwhile.
+                            drop(index);
+                            return Pending::Ready(Err(
+                                self.rejected(&key, Rejection::ExistsWithDifferentDigest { id })
+                            ));
+                        }
+                        Some(_) => {}
+                        None => {
+                            index.insert(id.clone(), key.clone());
+                            batch.undo.push(Undo::Index(id));
+                        }
+                    }
+                }
+                let record = if events.is_empty() {
+                    None
+                } else {
+                    Some(self.commit_speculatively(batch, &key, events))
+                };
+                let Some(id) = command.reservation_id() else {
+                    return Pending::Ready(Ok(Answer::Done));
+                };
+                let ps = &self.state.partitions[&key];
+                let Some(r) = ps.partition.reservation(id) else {
+                    return Pending::Ready(Err(
+                        self.rejected(&key, Rejection::UnknownReservation { id: id.clone() })
+                    ));
+                };
+                let position = match record {
+                    Some(i) => PositionFrom::Record(i),
+                    None => match self.position_of(batch, &key, id) {
+                        Some(p) => p,
+                        None => {
+                            return Pending::Ready(Err(Failure::Internal(format!(
+                                "no log position for {id}"
+                            ))))
+                        }
+                    },
+                };
+                Pending::Reservation {
+                    reservation: Box::new(r.clone()),
+                    key,
+                    created,
+                    position,
+                }
+            }
+            Err(rejection) => {
+                let refusal = refusal_event(&ps.partition, &command, &rejection, now);
+                let failure = self.rejected(&key, rejection);
+                match refusal {
+                    Some(event) => {
+                        self.commit_speculatively(batch, &key, vec![event]);
+                        Pending::Refused(failure)
+                    }
+                    None => Pending::Ready(Err(failure)),
+                }
+            }
+        }
+    }
+}

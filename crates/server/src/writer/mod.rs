@@ -1,0 +1,130 @@
+//! The writer: the only code that decides commands and appends to the log.
+//!
+//! Ledger partitions are spread over a fixed number of *shards* by a hash of
+//! (subject, route), so every generation and epoch of one subject/route lives in
+//! one shard, and each shard is one task: a partition is decided by exactly one
+//! task at a time, with no locks around the core.
+//!
+//! - [`protocol`]: what a shard is asked ([`Request`]) and answers ([`Answer`],
+//!   [`Failure`]), in domain types, and the [`Writers`] handle that asks.
+//! - [`state`]: what a shard holds between batches ([`ShardState`]).
+//! - [`pipeline`]: the task loop: batch, decide speculatively, group-commit,
+//!   answer after the log acknowledged; roll back through core savepoints when
+//!   an append fails.
+//! - `commands`: what each request decides or reads against the state.
+//! - `due`: which expiries, execution limits and refills the sweepers should send.
+//!
+//! `now` is the writer's: read from the injected [`crate::clock::Clock`], made
+//! monotonic per partition (`max(last event time, clock)`), and recorded in the
+//! events.
+
+mod commands;
+mod due;
+pub mod pipeline;
+pub mod protocol;
+pub mod state;
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use reservoir_core::PartitionKey;
+use reservoir_log::EventLog;
+use tokio::sync::mpsc;
+
+pub use due::MAX_DUE_PER_SWEEP;
+pub use pipeline::{Shard, MAX_BATCHES_IN_FLIGHT};
+pub use protocol::{
+    Amount, Answer, Envelope, Failure, PartitionStatus, Reply, Request, Writers,
+    MAX_QUEUED_REQUESTS_PER_SHARD, MAX_WAIT_FOR_COMMIT,
+};
+pub use state::{DueKind, Index, PartitionState, ShardState};
+
+use crate::clock::SharedClock;
+use crate::sizing::Sizer;
+
+/// Which shard owns a subject/route. Stable for the process only (it is never stored).
+pub fn shard_of(subject: &str, route: &str, shards: usize) -> usize {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    subject.hash(&mut h);
+    route.hash(&mut h);
+    (h.finish() % shards as u64) as usize
+}
+
+/// Everything the shard tasks start from.
+pub struct WriterSetup<L> {
+    pub log: Arc<L>,
+    /// One recovered state per shard.
+    pub states: Vec<ShardState>,
+    pub index: Index,
+    pub writer_id: String,
+    /// The claim epoch held in each log partition.
+    pub claim_epochs: Vec<u64>,
+    pub max_batch_commands: usize,
+    /// Set to `true` to stop: queued requests are still decided and appended.
+    pub stop: tokio::sync::watch::Receiver<bool>,
+    pub fatal: tokio::sync::watch::Sender<Option<String>>,
+    /// See [`Shard::in_doubt`]; `None`: nobody re-claims (a failed append
+    /// leaves the log partition refusing appends, answered 503).
+    pub in_doubt: Option<tokio::sync::watch::Sender<Option<String>>>,
+    pub clock: SharedClock,
+    pub sizer: Arc<dyn Sizer>,
+}
+
+/// Starts one task per shard and returns the handle to them.
+pub fn spawn<L: EventLog>(
+    setup: WriterSetup<L>,
+) -> (Writers, Vec<tokio::task::JoinHandle<ShardState>>) {
+    let WriterSetup {
+        log,
+        states,
+        index,
+        writer_id,
+        claim_epochs,
+        max_batch_commands,
+        stop,
+        fatal,
+        in_doubt,
+        clock,
+        sizer,
+    } = setup;
+    let fatal = Arc::new(fatal);
+    let in_doubt = Arc::new(in_doubt.unwrap_or_else(|| tokio::sync::watch::channel(None).0));
+    let ordered = log.ordered_appends();
+    let shards = states.len();
+    let claim_epochs = Arc::new(claim_epochs);
+    let partition_log = log.clone();
+    let log_partition_for: Arc<dyn Fn(&PartitionKey) -> u32 + Send + Sync> =
+        Arc::new(move |key| partition_log.log_partition_for(key));
+    let mut senders = Vec::with_capacity(shards);
+    let mut handles = Vec::with_capacity(shards);
+    for (id, state) in states.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel(MAX_QUEUED_REQUESTS_PER_SHARD);
+        senders.push(tx);
+        let shard = Shard {
+            id,
+            shards,
+            state,
+            index: index.clone(),
+            writer_id: writer_id.clone(),
+            claim_epochs: claim_epochs.clone(),
+            log_partition_for: log_partition_for.clone(),
+            max_batch_commands,
+            fatal: fatal.clone(),
+            in_doubt: in_doubt.clone(),
+            ordered,
+            clock: clock.clone(),
+            sizer: sizer.clone(),
+            in_flight_positions: HashMap::new(),
+            next_batch_seq: 0,
+        };
+        handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
+    }
+    (
+        Writers {
+            senders: Arc::new(senders),
+            index,
+        },
+        handles,
+    )
+}

@@ -1,0 +1,180 @@
+//! What callers (the HTTP handlers, the sweepers, the snapshotter, cluster
+//! routing) ask of a shard and what it answers, in domain types: the HTTP layer
+//! shapes receipts from a reservation record and its log position
+//! (`crate::views`). [`Writers`] is the cloneable handle that queues a request
+//! on one shard and waits for its answer, bounded in queue depth and time.
+
+use std::sync::Arc;
+
+use reservoir_core::{
+    CapacityUnit, Command, ConservationError, Partition, PartitionKey, Policy, Rejection,
+    RequestDigest, Reservation, ReservationId, TimestampMs, Units,
+};
+use reservoir_log::Position;
+use tokio::sync::{mpsc, oneshot};
+
+use super::state::{Index, ShardState};
+use crate::sizing::SizingFailure;
+
+/// Requests waiting for one shard. Beyond this a caller gets 503 at once rather
+/// than queueing without bound.
+pub const MAX_QUEUED_REQUESTS_PER_SHARD: usize = 16_384;
+
+/// Longest a request waits for its batch to be decided and appended.
+pub const MAX_WAIT_FOR_COMMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How much a reserve asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Amount {
+    /// The caller named the units.
+    Units(Units),
+    /// The server sizes it (`crate::sizing`) against the active policy, in the
+    /// same trip through the shard that decides it, so the policy cannot change
+    /// between sizing and deciding.
+    Sized {
+        counted_input_tokens: u64,
+        max_tokens: Option<u64>,
+    },
+}
+
+/// What an API handler or a sweeper asks of a shard.
+#[derive(Debug)]
+pub enum Request {
+    Publish {
+        key: PartitionKey,
+        policy: Policy,
+    },
+    GetPolicy {
+        subject: String,
+        route: String,
+    },
+    Reserve {
+        subject: String,
+        route: String,
+        id: ReservationId,
+        digest: RequestDigest,
+        amount: Amount,
+    },
+    /// Start, Settle, Release, and the sweepers' Expire, MarkUsageUnknown, Refill.
+    Act {
+        key: PartitionKey,
+        command: Command,
+    },
+    Get {
+        key: PartitionKey,
+        id: ReservationId,
+    },
+    Partitions,
+    /// A copy of the shard's committed state, for a snapshot (between two batches).
+    Snapshot,
+    /// Sweeper: the commands due at `now_ms` (leases past, execution limits past, refills).
+    CollectDue {
+        now_ms: TimestampMs,
+        refill: bool,
+    },
+}
+
+/// One partition's state for `GET /v1/partitions`: everything but its
+/// reservation records, their count, and the full invariant check.
+#[derive(Debug)]
+pub struct PartitionStatus {
+    pub key: PartitionKey,
+    pub partition: Partition,
+    pub reservations: usize,
+    pub invariants: Result<(), ConservationError>,
+}
+
+#[derive(Debug)]
+pub enum Answer {
+    /// A reservation's record and the position of the last event that changed it.
+    Reservation {
+        key: PartitionKey,
+        reservation: Box<Reservation>,
+        position: Position,
+        created: bool,
+    },
+    Published {
+        key: PartitionKey,
+        created: bool,
+        position: Option<Position>,
+    },
+    Policy {
+        key: PartitionKey,
+        policy: Box<Policy>,
+    },
+    Partitions(Vec<PartitionStatus>),
+    Snapshot(Box<ShardState>),
+    Due(Vec<(PartitionKey, Command)>),
+    /// A command with no receipt (a sweeper's Refill).
+    Done,
+}
+
+/// Why a request failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The domain refused; `policy` names the partition's policy when one matched.
+    Rejected {
+        rejection: Rejection,
+        policy_generation: Option<u64>,
+        capacity_unit: Option<CapacityUnit>,
+    },
+    /// No active policy for the subject/route.
+    NoPolicy,
+    /// A reserve the server was to size could not be sized.
+    Sizing(SizingFailure),
+    /// Retry with the same ids: the log failed, or the writer is overloaded or stopping.
+    Unavailable(String),
+    /// A bug or a broken invariant: the batch was not appended.
+    Internal(String),
+}
+
+pub type Reply = Result<Answer, Failure>;
+
+pub struct Envelope {
+    pub request: Request,
+    pub reply: oneshot::Sender<Reply>,
+}
+
+/// A cloneable handle to every shard.
+#[derive(Clone)]
+pub struct Writers {
+    pub(super) senders: Arc<Vec<mpsc::Sender<Envelope>>>,
+    pub index: Index,
+}
+
+impl Writers {
+    pub fn shards(&self) -> usize {
+        self.senders.len()
+    }
+
+    pub fn shard_of_key(&self, key: &PartitionKey) -> usize {
+        super::shard_of(&key.subject, &key.route, self.shards())
+    }
+
+    /// The partition holding reservation `id`, if any.
+    pub fn locate(&self, id: &ReservationId) -> Option<PartitionKey> {
+        self.index.read().expect("index lock").get(id).cloned()
+    }
+
+    pub async fn call(&self, shard: usize, request: Request) -> Reply {
+        let (reply, rx) = oneshot::channel();
+        match self.senders[shard].try_send(Envelope { request, reply }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(Failure::Unavailable("writer queue full".into()));
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(Failure::Unavailable("shutting down".into()))
+            }
+        }
+        // A slow log must not hold a client forever. The command may still
+        // commit after the timeout; a retry with the same id is answered from it.
+        match tokio::time::timeout(MAX_WAIT_FOR_COMMIT, rx).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => Err(Failure::Unavailable("writer stopped".into())),
+            Err(_) => Err(Failure::Unavailable(
+                "timed out waiting for the log; retry with the same id".into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! What a shard holds between batches: its ledger partitions, which partition
+//! is active for each subject/route, the log position of every reservation's
+//! last event, and the due list the sweepers read. Recovery builds it from the
+//! log (or a snapshot); only the shard task changes it afterwards.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+
+use reservoir_core::{EventBody, Partition, PartitionKey, ReservationId, TimestampMs};
+use reservoir_log::Position;
+
+/// Global reservation id → the partition that holds it (ids are unique across
+/// the server). Written only by shard tasks, speculatively during a batch.
+pub type Index = Arc<RwLock<HashMap<ReservationId, PartitionKey>>>;
+
+/// Kinds of due work the sweeper looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DueKind {
+    LeaseExpiry,
+    ExecutionLimit,
+}
+
+/// One ledger partition as the writer holds it.
+#[derive(Clone, Debug, Default)]
+pub struct PartitionState {
+    pub partition: Partition,
+    /// Position of the last committed event of each reservation.
+    pub positions: HashMap<ReservationId, Position>,
+    /// Position of the record that opened the partition.
+    pub opened_at: Option<Position>,
+}
+
+/// State of one shard: its partitions and the bookkeeping around them.
+#[derive(Clone, Debug, Default)]
+pub struct ShardState {
+    pub partitions: HashMap<PartitionKey, PartitionState>,
+    /// Active partition for each (subject, route): the last one published.
+    pub active: HashMap<(String, String), PartitionKey>,
+    /// (due at, kind, partition, reservation); entries are checked lazily when due.
+    pub due: BTreeSet<(TimestampMs, DueKind, PartitionKey, ReservationId)>,
+}
+
+impl ShardState {
+    /// Records what a committed event means for the sweepers and the index.
+    pub fn note_committed(&mut self, key: &PartitionKey, body: &EventBody, position: Position) {
+        if let Some(id) = body.reservation_id() {
+            if !matches!(body, EventBody::AdmissionRefused { .. }) {
+                if let Some(ps) = self.partitions.get_mut(key) {
+                    ps.positions.insert(id.clone(), position);
+                }
+            }
+        }
+        match body {
+            EventBody::Reserved {
+                id, expires_at_ms, ..
+            } => {
+                self.due.insert((
+                    *expires_at_ms,
+                    DueKind::LeaseExpiry,
+                    key.clone(),
+                    id.clone(),
+                ));
+            }
+            EventBody::Started {
+                id,
+                execution_deadline_ms,
+                ..
+            } => {
+                self.due.insert((
+                    *execution_deadline_ms,
+                    DueKind::ExecutionLimit,
+                    key.clone(),
+                    id.clone(),
+                ));
+            }
+            EventBody::PartitionOpened { key: k, .. } => {
+                if let Some(ps) = self.partitions.get_mut(k) {
+                    ps.opened_at = Some(position);
+                }
+                self.active
+                    .insert((k.subject.clone(), k.route.clone()), k.clone());
+            }
+            _ => {}
+        }
+    }
+}
