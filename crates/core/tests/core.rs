@@ -26,5 +26,7 @@ mod rejections;
 mod shards_moves;
 #[path = "core/tamper.rs"]
 mod tamper;
+#[path = "core/terms.rs"]
+mod terms;
 #[path = "core/transitions.rs"]
 mod transitions;
