@@ -29,7 +29,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use reservoir_core::{Ledger, ReservationId};
+use reservoir_core::{Ledger, ReservationId, Term};
 use reservoir_log::{EventLog, Position};
 use reservoir_projections::model::{
     EfficiencyHistogram, PartitionBalance, ReservationRecord, Rollup,
@@ -428,22 +428,15 @@ fn projected_to(live: &Live) -> Result<Vec<u64>, ApiError> {
 
 // ---------------------------------------------------------------- views
 
-/// Every term of the conservation equation.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// Every term of the conservation equation (each under its
+/// [`Term::name`], e.g. `opening_units`), and the check over them.
+///
+/// The terms are the core [`Ledger`] flattened, so the JSON names every term
+/// the ledger has; the OpenAPI schema is built from [`Term::ALL`] below.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerView {
-    pub opening_units: u64,
-    pub minted_units: u64,
-    pub reminted_units: u64,
-    pub moved_in_units: u64,
-    pub overdraft_issued_units: u64,
-    pub available_units: u64,
-    pub reserved_units: u64,
-    pub spent_units: u64,
-    pub retired_for_emergency_units: u64,
-    pub overdraft_repaid_units: u64,
-    pub moved_out_units: u64,
-    pub debt_moved_in_units: u64,
-    pub debt_moved_out_units: u64,
+    #[serde(flatten)]
+    pub terms: Ledger,
     /// `ok` when the sources equal the destinations, else what is wrong.
     pub conservation: String,
 }
@@ -451,19 +444,7 @@ pub struct LedgerView {
 impl From<&Ledger> for LedgerView {
     fn from(l: &Ledger) -> Self {
         LedgerView {
-            opening_units: l.opening_units,
-            minted_units: l.minted_units,
-            reminted_units: l.reminted_units,
-            moved_in_units: l.moved_in_units,
-            overdraft_issued_units: l.overdraft_issued_units,
-            available_units: l.available_units,
-            reserved_units: l.reserved_units,
-            spent_units: l.spent_units,
-            retired_for_emergency_units: l.retired_for_emergency_units,
-            overdraft_repaid_units: l.overdraft_repaid_units,
-            moved_out_units: l.moved_out_units,
-            debt_moved_in_units: l.debt_moved_in_units,
-            debt_moved_out_units: l.debt_moved_out_units,
+            terms: *l,
             conservation: if l.sources() == l.destinations() {
                 "ok".to_string()
             } else {
@@ -476,6 +457,33 @@ impl From<&Ledger> for LedgerView {
         }
     }
 }
+
+impl utoipa::PartialSchema for LedgerView {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let mut object = ObjectBuilder::new().description(Some(
+            "Every term of the conservation equation, and the check over them.",
+        ));
+        for term in Term::ALL {
+            object = object
+                .property(term.name(), <u64 as utoipa::PartialSchema>::schema())
+                .required(term.name());
+        }
+        object
+            .property(
+                "conservation",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some(
+                        "`ok` when the sources equal the destinations, else what is wrong.",
+                    )),
+            )
+            .required("conservation")
+            .into()
+    }
+}
+
+impl ToSchema for LedgerView {}
 
 /// One ledger partition's balance as projected.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
