@@ -31,9 +31,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use reservoir_core::{Ledger, ReservationId, Term};
 use reservoir_log::{EventLog, Position};
-use reservoir_projections::model::{
-    EfficiencyHistogram, PartitionBalance, ReservationRecord, Rollup,
-};
+use reservoir_projections::model::{EfficiencyHistogram, PartitionBalance, Rollup};
 use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -947,7 +945,9 @@ pub async fn reservation(
     };
     let record = match record {
         Some(record) => record,
-        None => find_reservation(&live.projections, id.as_str())
+        None => live
+            .projections
+            .reservation_by_id(id.as_str())
             .map_err(store_failure)?
             .ok_or_else(unknown)?,
     };
@@ -969,45 +969,6 @@ pub async fn reservation(
         projected_to: projected_to(&live)?,
     })
     .into_response())
-}
-
-/// A reservation's projected record by id alone, for a process whose writers
-/// do not know the id. Records are keyed by partition key then id, so this
-/// reads every key of the column family (values only where the id matches):
-/// linear in the number of projected reservations.
-fn find_reservation(
-    projections: &Projections,
-    id: &str,
-) -> Result<Option<ReservationRecord>, ProjectionError> {
-    let db = projections.db();
-    let cf = db
-        .cf_handle(store::RESERVATIONS)
-        .ok_or_else(|| ProjectionError::Store("no reservations column family".into()))?;
-    let suffix = format!("|{id}");
-    let mut options = rocksdb::ReadOptions::default();
-    options.fill_cache(false);
-    let mut iter = db.raw_iterator_cf_opt(cf, options);
-    iter.seek_to_first();
-    while iter.valid() {
-        if let (Some(key), Some(value)) = (iter.key(), iter.value()) {
-            // Identifiers never contain `|`: the id is the last segment.
-            if key.ends_with(suffix.as_bytes()) {
-                let record: ReservationRecord =
-                    serde_json::from_slice(value).map_err(|e| ProjectionError::Corrupt {
-                        cf: store::RESERVATIONS,
-                        key: String::from_utf8_lossy(key).into_owned(),
-                        reason: e.to_string(),
-                    })?;
-                if record.reservation.id.as_str() == id {
-                    return Ok(Some(record));
-                }
-            }
-        }
-        iter.next();
-    }
-    iter.status()
-        .map_err(|e| ProjectionError::Store(e.to_string()))?;
-    Ok(None)
 }
 
 /// `?min_position=`: a write's `log_position` as `LP:OFFSET`, or a bare offset
