@@ -107,42 +107,6 @@ pub struct Rollup {
     pub ledger: Ledger,
 }
 
-fn ledger_terms(l: &Ledger) -> [u64; 13] {
-    [
-        l.opening_units,
-        l.minted_units,
-        l.reminted_units,
-        l.moved_in_units,
-        l.overdraft_issued_units,
-        l.available_units,
-        l.reserved_units,
-        l.spent_units,
-        l.retired_for_emergency_units,
-        l.overdraft_repaid_units,
-        l.moved_out_units,
-        l.debt_moved_in_units,
-        l.debt_moved_out_units,
-    ]
-}
-
-fn ledger_terms_mut(l: &mut Ledger) -> [&mut u64; 13] {
-    [
-        &mut l.opening_units,
-        &mut l.minted_units,
-        &mut l.reminted_units,
-        &mut l.moved_in_units,
-        &mut l.overdraft_issued_units,
-        &mut l.available_units,
-        &mut l.reserved_units,
-        &mut l.spent_units,
-        &mut l.retired_for_emergency_units,
-        &mut l.overdraft_repaid_units,
-        &mut l.moved_out_units,
-        &mut l.debt_moved_in_units,
-        &mut l.debt_moved_out_units,
-    ]
-}
-
 impl Rollup {
     /// Adds (`add = true`) or removes one partition's balance. Removing what was
     /// added before can never underflow; overflow saturates (terms are bounded by
@@ -165,11 +129,8 @@ impl Rollup {
         op(&mut self.refusals, b.refusals);
         op(&mut self.debt_units, b.debt_units);
         op(&mut self.offered_units, b.offered_units);
-        for (total, v) in ledger_terms_mut(&mut self.ledger)
-            .into_iter()
-            .zip(ledger_terms(&b.ledger))
-        {
-            op(total, v);
+        for (term, total) in self.ledger.terms_mut() {
+            op(total, b.ledger.get(term));
         }
     }
 

@@ -394,6 +394,8 @@ struct Work {
     /// Balance of each touched partition before the step (for roll-up deltas).
     old_balances: BTreeMap<PartitionKey, Option<PartitionBalance>>,
     reservations: BTreeSet<(PartitionKey, ReservationId)>,
+    /// Reservations created in this step: their id goes into the index.
+    created: BTreeSet<(PartitionKey, ReservationId)>,
     digests: BTreeMap<String, RollingDigest>,
     histograms: BTreeMap<(&'static str, String), EfficiencyHistogram>,
     drifts: BTreeMap<String, InputDrift>,
@@ -505,7 +507,20 @@ impl Work {
                 store::reservation_key(&key, id.as_str()),
                 encode(&record),
             );
+            // Later changes of the record leave its index entry as it is:
+            // the entry names the partition, not the state.
+            if self.created.remove(&(key.clone(), id.clone())) {
+                self.put(
+                    store::RESERVATION_IDS,
+                    store::reservation_id_key(id.as_str(), &key),
+                    encode(&key),
+                );
+            }
         }
+        assert!(
+            self.created.is_empty(),
+            "a created reservation is a touched reservation"
+        );
         for (key, digest) in std::mem::take(&mut self.digests) {
             self.put(store::DIGESTS, key, digest.encode());
         }
@@ -631,6 +646,9 @@ fn derive(
     if let Some(id) = event.body.reservation_id() {
         if !matches!(event.body, EventBody::AdmissionRefused { .. }) {
             work.reservations.insert((key.clone(), id.clone()));
+        }
+        if matches!(event.body, EventBody::Reserved { .. }) {
+            work.created.insert((key.clone(), id.clone()));
         }
     }
     Ok(())

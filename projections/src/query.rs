@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reservoir_core::{PartitionKey, RouteEstimate};
+use reservoir_core::{PartitionKey, ReservationId, RouteEstimate};
 use reservoir_log::Position;
 use rocksdb::DB;
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ use crate::model::{
     Rollup,
 };
 use crate::sketch::{merged, RollingDigest};
-use crate::store::{self, decode, get, scan_prefix};
+use crate::store::{self, decode, first_with_prefix, get, scan_prefix};
 use crate::ProjectionError;
 
 /// A route's output-token estimate from the merged digests of every source
@@ -162,6 +162,32 @@ impl Projections {
             store::RESERVATIONS,
             &store::reservation_key(key, id),
         )
+    }
+
+    /// A reservation's record by id alone, through the [`store::RESERVATION_IDS`]
+    /// index (one seek and one read, whatever the number of reservations). If
+    /// two partitions ever held the same id, the first in key order answers.
+    pub fn reservation_by_id(
+        &self,
+        id: &str,
+    ) -> Result<Option<ReservationRecord>, ProjectionError> {
+        if ReservationId::new(id).is_err() {
+            return Ok(None);
+        }
+        let prefix = store::reservation_id_prefix(id);
+        let Some((k, v)) = first_with_prefix(&self.db, store::RESERVATION_IDS, &prefix)? else {
+            return Ok(None);
+        };
+        let key: PartitionKey = decode(store::RESERVATION_IDS, &k, &v)?;
+        // Both are written in one batch, so an entry without its record is a
+        // broken store, not a race.
+        self.reservation(&key, id)?
+            .map(Some)
+            .ok_or_else(|| ProjectionError::Corrupt {
+                cf: store::RESERVATION_IDS,
+                key: String::from_utf8_lossy(&k).into_owned(),
+                reason: "indexed reservation has no record".to_string(),
+            })
     }
 
     /// The digests of `route` for `model`, or of every model of the route.

@@ -12,6 +12,7 @@ use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::model::ReservationRecord;
 use crate::ProjectionError;
 
 /// Log position and fence state per log partition (key: log partition).
@@ -24,6 +25,13 @@ pub const TENANT_BALANCES: &str = "tenant_balances";
 pub const ROUTE_BALANCES: &str = "route_balances";
 /// Key: partition key `|` reservation id.
 pub const RESERVATIONS: &str = "reservations";
+/// Secondary index of [`RESERVATIONS`] by id. Key: reservation id `|` partition
+/// key; value: the [`PartitionKey`] (JSON). Written in the same batch as the
+/// record's creation. A key per (id, partition) pair rather than one per id:
+/// the write needs no read, and if two partitions ever hold one id the
+/// answer (the first partition in key order) does not depend on how the log
+/// was cut into steps.
+pub const RESERVATION_IDS: &str = "reservation_ids";
 /// Key: route `|` model `|` source log partition.
 pub const DIGESTS: &str = "digests";
 pub const EFFICIENCY_BY_ROUTE: &str = "efficiency_by_route";
@@ -35,13 +43,14 @@ pub const REFUSALS: &str = "refusals";
 pub const FINDINGS: &str = "findings";
 
 /// Every column family, in dump order.
-pub const COLUMN_FAMILIES: [&str; 12] = [
+pub const COLUMN_FAMILIES: [&str; 13] = [
     CURSORS,
     PARTITIONS,
     BALANCES,
     TENANT_BALANCES,
     ROUTE_BALANCES,
     RESERVATIONS,
+    RESERVATION_IDS,
     DIGESTS,
     EFFICIENCY_BY_ROUTE,
     EFFICIENCY_BY_TENANT,
@@ -66,7 +75,53 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
     options.set_atomic_flush(true);
     let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&options, path.as_ref(), cfs).map_err(store_error)?;
+    backfill_reservation_ids(&db)?;
     Ok(Arc::new(db))
+}
+
+/// A database projected before [`RESERVATION_IDS`] existed has records and no
+/// index: build it from the records, once, in one batch. Since then every
+/// record is written with its index entry, so "records but no index entry at
+/// all" means exactly that (or a backfill that did not reach the disk, which
+/// this redoes: the batch is atomic and synced).
+fn backfill_reservation_ids(db: &DB) -> Result<(), ProjectionError> {
+    if is_empty(db, RESERVATIONS)? || !is_empty(db, RESERVATION_IDS)? {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let (records, index) = (handle(db, RESERVATIONS)?, handle(db, RESERVATION_IDS)?);
+    let mut batch = rocksdb::WriteBatch::default();
+    for item in db.iterator_cf(records, IteratorMode::Start) {
+        let (k, v) = item.map_err(store_error)?;
+        let record: ReservationRecord = decode(RESERVATIONS, &k, &v)?;
+        batch.put_cf(
+            index,
+            reservation_id_key(record.reservation.id.as_str(), &record.key),
+            encode(&record.key),
+        );
+    }
+    let entries = batch.len();
+    let mut options = rocksdb::WriteOptions::default();
+    options.set_sync(true);
+    db.write_opt(batch, &options).map_err(store_error)?;
+    tracing::info!(
+        entries,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "projection predates the reservation id index; built it from the records"
+    );
+    Ok(())
+}
+
+fn handle<'a>(db: &'a DB, cf: &str) -> Result<&'a rocksdb::ColumnFamily, ProjectionError> {
+    db.cf_handle(cf)
+        .ok_or_else(|| store_error(format!("missing column family {cf}")))
+}
+
+fn is_empty(db: &DB, cf: &str) -> Result<bool, ProjectionError> {
+    match db.iterator_cf(handle(db, cf)?, IteratorMode::Start).next() {
+        None => Ok(true),
+        Some(item) => item.map(|_| false).map_err(store_error),
+    }
 }
 
 /// Flushes every column family's memtable to disk, atomically. The projector
@@ -98,6 +153,17 @@ pub fn cursor_key(log_partition: u32) -> String {
 
 pub fn reservation_key(key: &PartitionKey, id: &str) -> String {
     format!("{}|{id}", partition_key(key))
+}
+
+/// Key of one [`RESERVATION_IDS`] entry.
+pub fn reservation_id_key(id: &str, key: &PartitionKey) -> String {
+    format!("{}{}", reservation_id_prefix(id), partition_key(key))
+}
+
+/// Every [`RESERVATION_IDS`] entry of `id` (identifiers never contain `|`, so
+/// no other id's entries share it).
+pub fn reservation_id_prefix(id: &str) -> String {
+    format!("{id}|")
 }
 
 pub fn digest_prefix(route: &str, model: &str) -> String {
@@ -187,6 +253,20 @@ pub(crate) fn scan_prefix(
         out.push((k.to_vec(), v.to_vec()));
     }
     Ok(out)
+}
+
+/// The first key/value of `cf` whose key starts with `prefix`.
+pub(crate) fn first_with_prefix(
+    db: &DB,
+    cf: &'static str,
+    prefix: &str,
+) -> Result<Option<KeyValue>, ProjectionError> {
+    let mode = IteratorMode::From(prefix.as_bytes(), rocksdb::Direction::Forward);
+    match db.iterator_cf(handle(db, cf)?, mode).next() {
+        Some(Ok((k, v))) if k.starts_with(prefix.as_bytes()) => Ok(Some((k.to_vec(), v.to_vec()))),
+        Some(Err(e)) => Err(store_error(e)),
+        _ => Ok(None),
+    }
 }
 
 /// Every logical key/value of the projection, column family by column family in

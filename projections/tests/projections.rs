@@ -3,6 +3,7 @@
 mod projections {
     pub mod support;
 
+    mod by_id;
     mod crash;
     mod diagnosis;
     mod live_vs_rebuilt;

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use reservoir_core::{EventBody, Ledger, PartitionKey};
+use reservoir_core::{EventBody, Ledger, PartitionKey, Term};
 use serde::Serialize;
 use serde_json::json;
 
@@ -26,41 +26,25 @@ impl crate::engine::Visit for Statement<'_> {
     }
 }
 
-/// Names and values of every conservation term, in `Ledger` field order.
-pub fn terms(l: &Ledger) -> [(&'static str, u64); 13] {
-    [
-        ("opening_units", l.opening_units),
-        ("minted_units", l.minted_units),
-        ("reminted_units", l.reminted_units),
-        ("moved_in_units", l.moved_in_units),
-        ("overdraft_issued_units", l.overdraft_issued_units),
-        ("available_units", l.available_units),
-        ("reserved_units", l.reserved_units),
-        ("spent_units", l.spent_units),
-        ("retired_for_emergency_units", l.retired_for_emergency_units),
-        ("overdraft_repaid_units", l.overdraft_repaid_units),
-        ("moved_out_units", l.moved_out_units),
-        ("debt_moved_in_units", l.debt_moved_in_units),
-        ("debt_moved_out_units", l.debt_moved_out_units),
-    ]
+/// Short names of the terms for the table (an exhaustive match: a new term
+/// cannot go without one).
+fn short(term: Term) -> &'static str {
+    match term {
+        Term::Opening => "opening",
+        Term::Minted => "minted",
+        Term::Reminted => "reminted",
+        Term::MovedIn => "moved_in",
+        Term::OverdraftIssued => "od_issued",
+        Term::Available => "available",
+        Term::Reserved => "reserved",
+        Term::Spent => "spent",
+        Term::RetiredForEmergency => "retired",
+        Term::OverdraftRepaid => "od_repaid",
+        Term::MovedOut => "moved_out",
+        Term::DebtMovedIn => "debt_in",
+        Term::DebtMovedOut => "debt_out",
+    }
 }
-
-/// Short names for the table.
-const SHORT: [&str; 13] = [
-    "opening",
-    "minted",
-    "reminted",
-    "moved_in",
-    "od_issued",
-    "available",
-    "reserved",
-    "spent",
-    "retired",
-    "od_repaid",
-    "moved_out",
-    "debt_in",
-    "debt_out",
-];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -174,11 +158,8 @@ impl<'w> Statement<'w> {
                     "event",
                     "reservation",
                 ];
-                header.extend(terms(&Ledger::default()).iter().map(|(n, _)| n));
-                let after: Vec<String> = terms(&Ledger::default())
-                    .iter()
-                    .map(|(n, _)| format!("after_{n}"))
-                    .collect();
+                header.extend(Term::ALL.map(Term::name));
+                let after: Vec<String> = Term::ALL.iter().map(|t| format!("after_{t}")).collect();
                 let mut header: Vec<String> = header
                     .into_iter()
                     .map(|h| {
@@ -254,11 +235,11 @@ impl<'w> Statement<'w> {
             at_ms: at,
             event: a.event.body.type_name(),
             reservation: a.event.body.reservation_id().map(|id| id.to_string()),
-            delta: terms(&a.before)
-                .iter()
-                .zip(terms(&after))
-                .filter(|(b, (_, n))| b.1 != *n)
-                .map(|((name, b), (_, n))| (*name, i128::from(n) - i128::from(*b)))
+            delta: a
+                .before
+                .terms()
+                .filter(|&(t, b)| b != after.get(t))
+                .map(|(t, b)| (t.name(), i128::from(after.get(t)) - i128::from(b)))
                 .collect(),
             balance: after,
             debt_units: a.state.partition.debt_units(),
@@ -319,10 +300,10 @@ impl<'w> Statement<'w> {
                     row.event.to_string(),
                     row.reservation.clone().unwrap_or_default(),
                 ];
-                for (name, _) in terms(&row.balance) {
-                    fields.push(row.delta.get(name).copied().unwrap_or(0).to_string());
+                for t in Term::ALL {
+                    fields.push(row.delta.get(t.name()).copied().unwrap_or(0).to_string());
                 }
-                for (_, value) in terms(&row.balance) {
+                for (_, value) in row.balance.terms() {
                     fields.push(value.to_string());
                 }
                 fields.push(row.debt_units.to_string());
@@ -330,11 +311,12 @@ impl<'w> Statement<'w> {
                 self.csv_row(&fields);
             }
             Format::Table => {
-                let change: Vec<String> = terms(&row.balance)
+                let change: Vec<String> = Term::ALL
                     .iter()
-                    .zip(SHORT)
-                    .filter_map(|((name, _), short)| {
-                        row.delta.get(name).map(|d| format!("{short} {d:+}"))
+                    .filter_map(|&t| {
+                        row.delta
+                            .get(t.name())
+                            .map(|d| format!("{} {d:+}", short(t)))
                     })
                     .collect();
                 let l = &row.balance;
@@ -366,8 +348,8 @@ impl<'w> Statement<'w> {
         self.summary.findings = findings.len() as u64;
         let mut total = Ledger::default();
         for l in self.summary.partitions.values() {
-            for (slot, (_, v)) in total_terms_mut(&mut total).into_iter().zip(terms(l)) {
-                *slot += v;
+            for (t, slot) in total.terms_mut() {
+                *slot += l.get(t);
             }
         }
         self.summary.balances = total;
@@ -421,24 +403,6 @@ impl<'w> Statement<'w> {
     }
 }
 
-fn total_terms_mut(l: &mut Ledger) -> [&mut u64; 13] {
-    [
-        &mut l.opening_units,
-        &mut l.minted_units,
-        &mut l.reminted_units,
-        &mut l.moved_in_units,
-        &mut l.overdraft_issued_units,
-        &mut l.available_units,
-        &mut l.reserved_units,
-        &mut l.spent_units,
-        &mut l.retired_for_emergency_units,
-        &mut l.overdraft_repaid_units,
-        &mut l.moved_out_units,
-        &mut l.debt_moved_in_units,
-        &mut l.debt_moved_out_units,
-    ]
-}
-
 fn summary_pairs(s: &Summary) -> Vec<(String, String)> {
     let mut pairs = vec![
         ("events".to_string(), s.events.to_string()),
@@ -464,7 +428,7 @@ fn summary_pairs(s: &Summary) -> Vec<(String, String)> {
         ("findings".into(), s.findings.to_string()),
         ("debt_units (end)".into(), s.debt_units.to_string()),
     ];
-    for (name, value) in terms(&s.balances) {
+    for (name, value) in s.balances.terms() {
         pairs.push((format!("total {name} (end)"), value.to_string()));
     }
     for (key, l) in &s.partitions {

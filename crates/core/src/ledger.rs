@@ -52,33 +52,198 @@ pub enum ConservationError {
     ReservedMismatch { ledger: Units, records: u128 },
 }
 
+/// Which side of the books a term is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Side {
+    /// Left-hand side of the conservation equation: where units come from.
+    Source,
+    /// Right-hand side: where units are.
+    Destination,
+    /// Debt carried between partitions: in neither sum, only in the debt line.
+    Debt,
+}
+
+/// One term of a [`Ledger`]. [`Term::ALL`] is the one list of the terms: views,
+/// roll-ups and audits iterate it instead of naming the fields again, so a new
+/// term cannot be left out of one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Term {
+    Opening,
+    Minted,
+    Reminted,
+    MovedIn,
+    OverdraftIssued,
+    Available,
+    Reserved,
+    Spent,
+    RetiredForEmergency,
+    OverdraftRepaid,
+    MovedOut,
+    DebtMovedIn,
+    DebtMovedOut,
+}
+
+impl Term {
+    /// Every term, in `Ledger` field order: sources, destinations, debt.
+    pub const ALL: [Term; 13] = [
+        Term::Opening,
+        Term::Minted,
+        Term::Reminted,
+        Term::MovedIn,
+        Term::OverdraftIssued,
+        Term::Available,
+        Term::Reserved,
+        Term::Spent,
+        Term::RetiredForEmergency,
+        Term::OverdraftRepaid,
+        Term::MovedOut,
+        Term::DebtMovedIn,
+        Term::DebtMovedOut,
+    ];
+
+    /// The `Ledger` field's name, which is also its key in every JSON view
+    /// (`opening_units`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Term::Opening => "opening_units",
+            Term::Minted => "minted_units",
+            Term::Reminted => "reminted_units",
+            Term::MovedIn => "moved_in_units",
+            Term::OverdraftIssued => "overdraft_issued_units",
+            Term::Available => "available_units",
+            Term::Reserved => "reserved_units",
+            Term::Spent => "spent_units",
+            Term::RetiredForEmergency => "retired_for_emergency_units",
+            Term::OverdraftRepaid => "overdraft_repaid_units",
+            Term::MovedOut => "moved_out_units",
+            Term::DebtMovedIn => "debt_moved_in_units",
+            Term::DebtMovedOut => "debt_moved_out_units",
+        }
+    }
+
+    pub const fn side(self) -> Side {
+        match self {
+            Term::Opening
+            | Term::Minted
+            | Term::Reminted
+            | Term::MovedIn
+            | Term::OverdraftIssued => Side::Source,
+            Term::Available
+            | Term::Reserved
+            | Term::Spent
+            | Term::RetiredForEmergency
+            | Term::OverdraftRepaid
+            | Term::MovedOut => Side::Destination,
+            Term::DebtMovedIn | Term::DebtMovedOut => Side::Debt,
+        }
+    }
+
+    /// The term named `name` (see [`Term::name`]).
+    pub fn from_name(name: &str) -> Option<Term> {
+        Term::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+impl std::fmt::Display for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl Ledger {
+    pub fn get(&self, term: Term) -> Units {
+        match term {
+            Term::Opening => self.opening_units,
+            Term::Minted => self.minted_units,
+            Term::Reminted => self.reminted_units,
+            Term::MovedIn => self.moved_in_units,
+            Term::OverdraftIssued => self.overdraft_issued_units,
+            Term::Available => self.available_units,
+            Term::Reserved => self.reserved_units,
+            Term::Spent => self.spent_units,
+            Term::RetiredForEmergency => self.retired_for_emergency_units,
+            Term::OverdraftRepaid => self.overdraft_repaid_units,
+            Term::MovedOut => self.moved_out_units,
+            Term::DebtMovedIn => self.debt_moved_in_units,
+            Term::DebtMovedOut => self.debt_moved_out_units,
+        }
+    }
+
+    pub fn get_mut(&mut self, term: Term) -> &mut Units {
+        match term {
+            Term::Opening => &mut self.opening_units,
+            Term::Minted => &mut self.minted_units,
+            Term::Reminted => &mut self.reminted_units,
+            Term::MovedIn => &mut self.moved_in_units,
+            Term::OverdraftIssued => &mut self.overdraft_issued_units,
+            Term::Available => &mut self.available_units,
+            Term::Reserved => &mut self.reserved_units,
+            Term::Spent => &mut self.spent_units,
+            Term::RetiredForEmergency => &mut self.retired_for_emergency_units,
+            Term::OverdraftRepaid => &mut self.overdraft_repaid_units,
+            Term::MovedOut => &mut self.moved_out_units,
+            Term::DebtMovedIn => &mut self.debt_moved_in_units,
+            Term::DebtMovedOut => &mut self.debt_moved_out_units,
+        }
+    }
+
+    /// Every term with its value, in [`Term::ALL`] order.
+    pub fn terms(&self) -> impl Iterator<Item = (Term, Units)> + '_ {
+        Term::ALL.into_iter().map(|t| (t, self.get(t)))
+    }
+
+    /// Every term with a mutable reference to its value, in [`Term::ALL`] order
+    /// (to sum ledgers: `for (t, u) in total.terms_mut() { *u += other.get(t) }`).
+    pub fn terms_mut(&mut self) -> [(Term, &mut Units); 13] {
+        // Destructured without `..`: a field added to `Ledger` without a
+        // `Term` is a compile error here.
+        let Ledger {
+            opening_units,
+            minted_units,
+            reminted_units,
+            moved_in_units,
+            overdraft_issued_units,
+            available_units,
+            reserved_units,
+            spent_units,
+            retired_for_emergency_units,
+            overdraft_repaid_units,
+            moved_out_units,
+            debt_moved_in_units,
+            debt_moved_out_units,
+        } = self;
+        [
+            (Term::Opening, opening_units),
+            (Term::Minted, minted_units),
+            (Term::Reminted, reminted_units),
+            (Term::MovedIn, moved_in_units),
+            (Term::OverdraftIssued, overdraft_issued_units),
+            (Term::Available, available_units),
+            (Term::Reserved, reserved_units),
+            (Term::Spent, spent_units),
+            (Term::RetiredForEmergency, retired_for_emergency_units),
+            (Term::OverdraftRepaid, overdraft_repaid_units),
+            (Term::MovedOut, moved_out_units),
+            (Term::DebtMovedIn, debt_moved_in_units),
+            (Term::DebtMovedOut, debt_moved_out_units),
+        ]
+    }
+
+    /// Sum of one side's terms, in u128 so it cannot overflow.
+    pub fn side_sum(&self, side: Side) -> u128 {
+        self.terms()
+            .filter(|(t, _)| t.side() == side)
+            .map(|(_, u)| u128::from(u))
+            .sum()
+    }
+
     /// Left-hand side of the equation, in u128 so the check itself cannot overflow.
     pub fn sources(&self) -> u128 {
-        [
-            self.opening_units,
-            self.minted_units,
-            self.reminted_units,
-            self.moved_in_units,
-            self.overdraft_issued_units,
-        ]
-        .iter()
-        .map(|&u| u128::from(u))
-        .sum()
+        self.side_sum(Side::Source)
     }
 
     pub fn destinations(&self) -> u128 {
-        [
-            self.available_units,
-            self.reserved_units,
-            self.spent_units,
-            self.retired_for_emergency_units,
-            self.overdraft_repaid_units,
-            self.moved_out_units,
-        ]
-        .iter()
-        .map(|&u| u128::from(u))
-        .sum()
+        self.side_sum(Side::Destination)
     }
 
     /// Outstanding debt; `None` only if the terms are inconsistent.

@@ -7,7 +7,8 @@
 //! The main types:
 //! - [`Policy`] (`admissionBudget.v1`) fixes how a subject/route is admitted.
 //! - [`PartitionKey`] (subject, route, accounting epoch, policy generation) names
-//!   the aggregate, [`Partition`] is its state, [`Ledger`] its conservation terms.
+//!   the aggregate, [`Partition`] is its state, [`Ledger`] its conservation terms
+//!   ([`Term::ALL`] lists them once, with names and sides).
 //! - [`Reservation`] (`limitReservation.v1`) and [`ReservationState`], the state machine.
 //! - [`decide`] turns a [`Command`] into [`Event`]s or a [`Rejection`];
 //!   [`apply`] folds an event into state and is the only code that mutates it;
@@ -54,7 +55,7 @@ pub mod usage;
 pub use command::Command;
 pub use decide::{decide, refusal_event};
 pub use event::{Event, EventBody, RefusalReason};
-pub use ledger::{check_moves, ConservationError, Ledger, MoveHalf, ShardLedger};
+pub use ledger::{check_moves, ConservationError, Ledger, MoveHalf, ShardLedger, Side, Term};
 pub use partition::{apply, try_apply, ApplyError, Partition};
 pub use policy::{CapacityUnit, EmergencyMode, Policy, RefillRule};
 pub use rejection::{InvalidInput, Rejection, Transition};

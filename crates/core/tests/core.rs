@@ -28,5 +28,7 @@ mod savepoint;
 mod shards_moves;
 #[path = "core/tamper.rs"]
 mod tamper;
+#[path = "core/terms.rs"]
+mod terms;
 #[path = "core/transitions.rs"]
 mod transitions;

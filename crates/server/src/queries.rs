@@ -29,11 +29,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use reservoir_core::{Ledger, ReservationId};
+use reservoir_core::{Ledger, ReservationId, Term};
 use reservoir_log::{EventLog, Position};
-use reservoir_projections::model::{
-    EfficiencyHistogram, PartitionBalance, ReservationRecord, Rollup,
-};
+use reservoir_projections::model::{EfficiencyHistogram, PartitionBalance, Rollup};
 use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -429,22 +427,15 @@ fn projected_to(live: &Live) -> Result<Vec<u64>, ApiError> {
 
 // ---------------------------------------------------------------- views
 
-/// Every term of the conservation equation.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// Every term of the conservation equation (each under its
+/// [`Term::name`], e.g. `opening_units`), and the check over them.
+///
+/// The terms are the core [`Ledger`] flattened, so the JSON names every term
+/// the ledger has; the OpenAPI schema is built from [`Term::ALL`] below.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerView {
-    pub opening_units: u64,
-    pub minted_units: u64,
-    pub reminted_units: u64,
-    pub moved_in_units: u64,
-    pub overdraft_issued_units: u64,
-    pub available_units: u64,
-    pub reserved_units: u64,
-    pub spent_units: u64,
-    pub retired_for_emergency_units: u64,
-    pub overdraft_repaid_units: u64,
-    pub moved_out_units: u64,
-    pub debt_moved_in_units: u64,
-    pub debt_moved_out_units: u64,
+    #[serde(flatten)]
+    pub terms: Ledger,
     /// `ok` when the sources equal the destinations, else what is wrong.
     pub conservation: String,
 }
@@ -452,19 +443,7 @@ pub struct LedgerView {
 impl From<&Ledger> for LedgerView {
     fn from(l: &Ledger) -> Self {
         LedgerView {
-            opening_units: l.opening_units,
-            minted_units: l.minted_units,
-            reminted_units: l.reminted_units,
-            moved_in_units: l.moved_in_units,
-            overdraft_issued_units: l.overdraft_issued_units,
-            available_units: l.available_units,
-            reserved_units: l.reserved_units,
-            spent_units: l.spent_units,
-            retired_for_emergency_units: l.retired_for_emergency_units,
-            overdraft_repaid_units: l.overdraft_repaid_units,
-            moved_out_units: l.moved_out_units,
-            debt_moved_in_units: l.debt_moved_in_units,
-            debt_moved_out_units: l.debt_moved_out_units,
+            terms: *l,
             conservation: if l.sources() == l.destinations() {
                 "ok".to_string()
             } else {
@@ -477,6 +456,33 @@ impl From<&Ledger> for LedgerView {
         }
     }
 }
+
+impl utoipa::PartialSchema for LedgerView {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let mut object = ObjectBuilder::new().description(Some(
+            "Every term of the conservation equation, and the check over them.",
+        ));
+        for term in Term::ALL {
+            object = object
+                .property(term.name(), <u64 as utoipa::PartialSchema>::schema())
+                .required(term.name());
+        }
+        object
+            .property(
+                "conservation",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some(
+                        "`ok` when the sources equal the destinations, else what is wrong.",
+                    )),
+            )
+            .required("conservation")
+            .into()
+    }
+}
+
+impl ToSchema for LedgerView {}
 
 /// One ledger partition's balance as projected.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
@@ -940,7 +946,9 @@ pub async fn reservation(
     };
     let record = match record {
         Some(record) => record,
-        None => find_reservation(&live.projections, id.as_str())
+        None => live
+            .projections
+            .reservation_by_id(id.as_str())
             .map_err(store_failure)?
             .ok_or_else(unknown)?,
     };
@@ -962,45 +970,6 @@ pub async fn reservation(
         projected_to: projected_to(&live)?,
     })
     .into_response())
-}
-
-/// A reservation's projected record by id alone, for a process whose writers
-/// do not know the id. Records are keyed by partition key then id, so this
-/// reads every key of the column family (values only where the id matches):
-/// linear in the number of projected reservations.
-fn find_reservation(
-    projections: &Projections,
-    id: &str,
-) -> Result<Option<ReservationRecord>, ProjectionError> {
-    let db = projections.db();
-    let cf = db
-        .cf_handle(store::RESERVATIONS)
-        .ok_or_else(|| ProjectionError::Store("no reservations column family".into()))?;
-    let suffix = format!("|{id}");
-    let mut options = rocksdb::ReadOptions::default();
-    options.fill_cache(false);
-    let mut iter = db.raw_iterator_cf_opt(cf, options);
-    iter.seek_to_first();
-    while iter.valid() {
-        if let (Some(key), Some(value)) = (iter.key(), iter.value()) {
-            // Identifiers never contain `|`: the id is the last segment.
-            if key.ends_with(suffix.as_bytes()) {
-                let record: ReservationRecord =
-                    serde_json::from_slice(value).map_err(|e| ProjectionError::Corrupt {
-                        cf: store::RESERVATIONS,
-                        key: String::from_utf8_lossy(key).into_owned(),
-                        reason: e.to_string(),
-                    })?;
-                if record.reservation.id.as_str() == id {
-                    return Ok(Some(record));
-                }
-            }
-        }
-        iter.next();
-    }
-    iter.status()
-        .map_err(|e| ProjectionError::Store(e.to_string()))?;
-    Ok(None)
 }
 
 /// `?min_position=`: a write's `log_position` as `LP:OFFSET`, or a bare offset

@@ -1,7 +1,7 @@
 //! A tenant's history through the real server, audited: the statement's totals
 //! equal the projection's balances, every row balances, and every format works.
 
-use reservoir_core::Ledger;
+use reservoir_core::{Ledger, Term};
 use reservoir_projections::Projections;
 use serde_json::Value;
 
@@ -114,6 +114,19 @@ async fn statement_totals_equal_the_projection() {
             body.contains("Settled") && body.contains("spent_units"),
             "{format}:\n{body}"
         );
+        if format == "csv" {
+            // A change and a running balance column for every term of the ledger.
+            let header: Vec<&str> = body.lines().next().unwrap().split(',').collect();
+            for term in Term::ALL {
+                for column in [format!("delta_{term}"), format!("after_{term}")] {
+                    assert_eq!(
+                        header.iter().filter(|h| **h == column).count(),
+                        1,
+                        "{column}: {header:?}"
+                    );
+                }
+            }
+        }
     }
     let from = rows[rows.len() / 2]["row"]["offset"]
         .as_u64()

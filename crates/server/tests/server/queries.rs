@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use reqwest::StatusCode;
+use reservoir_core::Term;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -73,6 +74,19 @@ fn ledger_matches(ledger: &Value, debt: &Value, partition: &Value) {
         );
     }
     assert_eq!(ledger["conservation"], "ok", "{ledger}");
+    // Every term of the core list, and nothing else but the check.
+    let names: BTreeSet<&str> = ledger
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    let expected: BTreeSet<&str> = Term::ALL
+        .iter()
+        .map(|t| t.name())
+        .chain(["conservation"])
+        .collect();
+    assert_eq!(names, expected, "{ledger}");
     let u = |k: &str| ledger[k].as_u64().unwrap();
     assert_eq!(
         u("opening_units")
@@ -447,6 +461,13 @@ async fn the_query_endpoints_are_in_the_openapi_document() {
             "{schema} missing"
         );
     }
+    let ledger = doc["components"]["schemas"]["LedgerView"]["properties"]
+        .as_object()
+        .unwrap();
+    for name in Term::ALL.iter().map(|t| t.name()).chain(["conservation"]) {
+        assert!(ledger.contains_key(name), "LedgerView: {name}");
+    }
+    assert_eq!(ledger.len(), Term::ALL.len() + 1);
     let estimate = doc["components"]["schemas"]["EstimateView"]["properties"]
         .as_object()
         .unwrap();
