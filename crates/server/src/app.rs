@@ -100,6 +100,13 @@ impl AppState {
     }
 }
 
+/// The query handlers take only the query side (`crate::queries::Projected`).
+impl axum::extract::FromRef<AppState> for QueryHandle {
+    fn from_ref(state: &AppState) -> QueryHandle {
+        state.queries().clone()
+    }
+}
+
 fn not_ready() -> ApiError {
     let mut e = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,

@@ -24,12 +24,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRef, FromRequestParts, Path, Query};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use reservoir_core::{Ledger, ReservationId, Term};
+use reservoir_core::ReservationId;
 use reservoir_log::{EventLog, Position};
 use reservoir_projections::model::{EfficiencyHistogram, PartitionBalance, Rollup};
 use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
@@ -37,9 +38,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use utoipa::{OpenApi, ToSchema};
 
-use crate::app::AppState;
 use crate::problem::{ApiError, Problem};
-use crate::views::PartitionKeyView;
+use crate::views::{LedgerView, PartitionKeyView};
 
 /// Default and maximum of `?wait_ms=`.
 pub const DEFAULT_WAIT_MS: u64 = 2_000;
@@ -277,8 +277,13 @@ async fn follow<L: EventLog>(
     handle.set(None);
 }
 
-/// The routes of this module (merged into [`crate::api::router`]).
-pub fn routes() -> Router<AppState> {
+/// The routes of this module (merged into [`crate::api::router`]), on any
+/// router state the query handle can be taken from.
+pub fn routes<S>() -> Router<S>
+where
+    QueryHandle: FromRef<S>,
+    S: Clone + Send + Sync + 'static,
+{
     Router::new()
         .route("/v1/tenants/{tenant}/balances", get(tenant_balances))
         .route("/v1/tenants/{tenant}/efficiency", get(tenant_efficiency))
@@ -371,11 +376,11 @@ fn consistency(params: Params, extra: &[&str]) -> Result<Consistency, ApiError> 
 }
 
 /// The projection, once it reached `min_position` (or a 503 after the wait).
-async fn projection(state: &AppState, c: &Consistency) -> Result<Live, ApiError> {
+async fn projection(queries: &QueryHandle, c: &Consistency) -> Result<Live, ApiError> {
     // Right after start the projector may still be opening its database.
     let started = std::time::Instant::now();
     let live = loop {
-        match state.queries().live() {
+        match queries.live() {
             Ok(live) => break live,
             Err(e) if started.elapsed() >= Duration::from_millis(c.wait_ms) => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -425,64 +430,59 @@ fn projected_to(live: &Live) -> Result<Vec<u64>, ApiError> {
         .collect()
 }
 
+/// The query parameters an endpoint takes beyond `min_position` and `wait_ms`.
+pub trait ExtraParams {
+    const NAMES: &'static [&'static str];
+}
+
+/// Only the shared parameters.
+pub struct NoExtra;
+impl ExtraParams for NoExtra {
+    const NAMES: &'static [&'static str] = &[];
+}
+
+/// `/v1/routes/{route}/estimate`: `model`, `min_samples`.
+pub struct EstimateParams;
+impl ExtraParams for EstimateParams {
+    const NAMES: &'static [&'static str] = &["model", "min_samples"];
+}
+
+/// The opening every query handler shares: the path's identifier (non-empty,
+/// no `|`), the consistency parameters and the endpoint's own (`E`; anything
+/// else is a 400), and the projection once it reached `min_position` (or a
+/// 503 with Retry-After when it did not in `wait_ms`).
+pub struct Projected<E = NoExtra> {
+    pub value: String,
+    live: Live,
+    /// The endpoint's own parameters, unparsed.
+    pub rest: BTreeMap<String, String>,
+    extra: std::marker::PhantomData<E>,
+}
+
+impl<S, E> FromRequestParts<S> for Projected<E>
+where
+    QueryHandle: FromRef<S>,
+    S: Send + Sync,
+    E: ExtraParams,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let path = Path::<String>::from_request_parts(parts, state).await;
+        let value = path_value(path)?;
+        let params = Query::<BTreeMap<String, String>>::from_request_parts(parts, state).await;
+        let c = consistency(params, E::NAMES)?;
+        let live = projection(&QueryHandle::from_ref(state), &c).await?;
+        Ok(Projected {
+            value,
+            live,
+            rest: c.rest,
+            extra: std::marker::PhantomData,
+        })
+    }
+}
+
 // ---------------------------------------------------------------- views
-
-/// Every term of the conservation equation (each under its
-/// [`Term::name`], e.g. `opening_units`), and the check over them.
-///
-/// The terms are the core [`Ledger`] flattened, so the JSON names every term
-/// the ledger has; the OpenAPI schema is built from [`Term::ALL`] below.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LedgerView {
-    #[serde(flatten)]
-    pub terms: Ledger,
-    /// `ok` when the sources equal the destinations, else what is wrong.
-    pub conservation: String,
-}
-
-impl From<&Ledger> for LedgerView {
-    fn from(l: &Ledger) -> Self {
-        LedgerView {
-            terms: *l,
-            conservation: if l.sources() == l.destinations() {
-                "ok".to_string()
-            } else {
-                format!(
-                    "sources {} != destinations {}",
-                    l.sources(),
-                    l.destinations()
-                )
-            },
-        }
-    }
-}
-
-impl utoipa::PartialSchema for LedgerView {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ObjectBuilder, Type};
-        let mut object = ObjectBuilder::new().description(Some(
-            "Every term of the conservation equation, and the check over them.",
-        ));
-        for term in Term::ALL {
-            object = object
-                .property(term.name(), <u64 as utoipa::PartialSchema>::schema())
-                .required(term.name());
-        }
-        object
-            .property(
-                "conservation",
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .description(Some(
-                        "`ok` when the sources equal the destinations, else what is wrong.",
-                    )),
-            )
-            .required("conservation")
-            .into()
-    }
-}
-
-impl ToSchema for LedgerView {}
 
 /// One ledger partition's balance as projected.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
@@ -697,13 +697,12 @@ fn json_text<T: Serialize>(v: &T) -> String {
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn tenant_balances(
-    State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    params: Params,
+    Projected {
+        value: tenant,
+        live,
+        ..
+    }: Projected,
 ) -> Result<Response, ApiError> {
-    let tenant = path_value(path)?;
-    let c = consistency(params, &[])?;
-    let live = projection(&state, &c).await?;
     let p = &live.projections;
     let total = p.tenant_balance(&tenant).map_err(store_failure)?;
     let partitions = p.tenant_partitions(&tenant).map_err(store_failure)?;
@@ -720,13 +719,10 @@ pub async fn tenant_balances(
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn route_balances(
-    State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    params: Params,
+    Projected {
+        value: route, live, ..
+    }: Projected,
 ) -> Result<Response, ApiError> {
-    let route = path_value(path)?;
-    let c = consistency(params, &[])?;
-    let live = projection(&state, &c).await?;
     let p = &live.projections;
     let total = p.route_balance(&route).map_err(store_failure)?;
     let partitions = p
@@ -774,25 +770,25 @@ fn balances(
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn route_estimate(
-    State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    params: Params,
+    Projected {
+        value: route,
+        live,
+        rest,
+        ..
+    }: Projected<EstimateParams>,
 ) -> Result<Response, ApiError> {
-    let route = path_value(path)?;
-    let c = consistency(params, &["model", "min_samples"])?;
-    let model = match c.rest.get("model") {
+    let model = match rest.get("model") {
         Some(m) if m.is_empty() || m.contains('|') => {
             return Err(bad_query("model is non-empty and never contains `|`"))
         }
         other => other.cloned(),
     };
-    let min_samples = match c.rest.get("min_samples") {
+    let min_samples = match rest.get("min_samples") {
         None => DEFAULT_MIN_SAMPLES,
         Some(raw) => raw
             .parse()
             .map_err(|_| bad_query(format!("min_samples `{raw}` is not an unsigned integer")))?,
     };
-    let live = projection(&state, &c).await?;
     let p = &live.projections;
     let e = p
         .route_estimate(&route, model.as_deref(), min_samples)
@@ -830,13 +826,10 @@ pub async fn route_estimate(
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn route_efficiency(
-    State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    params: Params,
+    Projected {
+        value: route, live, ..
+    }: Projected,
 ) -> Result<Response, ApiError> {
-    let route = path_value(path)?;
-    let c = consistency(params, &[])?;
-    let live = projection(&state, &c).await?;
     let h = live
         .projections
         .efficiency_by_route(&route)
@@ -854,13 +847,12 @@ pub async fn route_efficiency(
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn tenant_efficiency(
-    State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    params: Params,
+    Projected {
+        value: tenant,
+        live,
+        ..
+    }: Projected,
 ) -> Result<Response, ApiError> {
-    let tenant = path_value(path)?;
-    let c = consistency(params, &[])?;
-    let live = projection(&state, &c).await?;
     let h = live
         .projections
         .efficiency_by_tenant(&tenant)
@@ -880,13 +872,12 @@ pub async fn tenant_efficiency(
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn tenant_diagnosis(
-    State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    params: Params,
+    Projected {
+        value: tenant,
+        live,
+        ..
+    }: Projected,
 ) -> Result<Response, ApiError> {
-    let tenant = path_value(path)?;
-    let c = consistency(params, &[])?;
-    let live = projection(&state, &c).await?;
     let d = live.projections.diagnosis(&tenant).map_err(store_failure)?;
     Ok(Json(DiagnosisView {
         tenant: d.tenant,
@@ -913,11 +904,10 @@ pub async fn tenant_diagnosis(
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn reservation(
-    State(state): State<AppState>,
-    path: Result<Path<String>, PathRejection>,
-    params: Params,
+    Projected {
+        value: raw, live, ..
+    }: Projected,
 ) -> Result<Response, ApiError> {
-    let raw = path_value(path)?;
     let id = ReservationId::new(&raw).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -925,8 +915,6 @@ pub async fn reservation(
             e.to_string(),
         )
     })?;
-    let c = consistency(params, &[])?;
-    let live = projection(&state, &c).await?;
     let unknown = || {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -934,24 +922,13 @@ pub async fn reservation(
             format!("reservation {id} is not in the projection"),
         )
     };
-    // The writers know which partition holds the id; a process without them
-    // (a cluster node's other partitions, `reservoir project`) looks it up
-    // in the projection itself.
-    let record = match state.locate(&id) {
-        Some(key) => live
-            .projections
-            .reservation(&key, id.as_str())
-            .map_err(store_failure)?,
-        None => None,
-    };
-    let record = match record {
-        Some(record) => record,
-        None => live
-            .projections
-            .reservation_by_id(id.as_str())
-            .map_err(store_failure)?
-            .ok_or_else(unknown)?,
-    };
+    // By id alone, through the projections' id index: the same on a node
+    // whose writers hold the id and on one that only projects the log.
+    let record = live
+        .projections
+        .reservation_by_id(id.as_str())
+        .map_err(store_failure)?
+        .ok_or_else(unknown)?;
     let r = &record.reservation;
     Ok(Json(ReservationRecordView {
         id: r.id.to_string(),

@@ -3,7 +3,7 @@
 //! sized, and a partition's terms for operators. The command handlers
 //! (`crate::api`) and the query handlers (`crate::queries`) both answer these.
 
-use reservoir_core::{PartitionKey, Reservation, ReservationState, SizingRule};
+use reservoir_core::{Ledger, PartitionKey, Reservation, ReservationState, SizingRule, Term};
 use reservoir_log::Position;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -136,7 +136,66 @@ pub fn state_name(s: ReservationState) -> &'static str {
     }
 }
 
-/// One partition's conservation terms, for operators and tests (`GET /v1/partitions`).
+/// Every term of the conservation equation (each under its
+/// [`Term::name`], e.g. `opening_units`), and the check over them.
+///
+/// The terms are the core [`Ledger`] flattened, so the JSON names every term
+/// the ledger has; the OpenAPI schema is built from [`Term::ALL`] below.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerView {
+    #[serde(flatten)]
+    pub terms: Ledger,
+    /// `ok` when the sources equal the destinations, else what is wrong.
+    pub conservation: String,
+}
+
+impl From<&Ledger> for LedgerView {
+    fn from(l: &Ledger) -> Self {
+        LedgerView {
+            terms: *l,
+            conservation: if l.sources() == l.destinations() {
+                "ok".to_string()
+            } else {
+                format!(
+                    "sources {} != destinations {}",
+                    l.sources(),
+                    l.destinations()
+                )
+            },
+        }
+    }
+}
+
+impl utoipa::PartialSchema for LedgerView {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let mut object = ObjectBuilder::new().description(Some(
+            "Every term of the conservation equation, and the check over them.",
+        ));
+        for term in Term::ALL {
+            object = object
+                .property(term.name(), <u64 as utoipa::PartialSchema>::schema())
+                .required(term.name());
+        }
+        object
+            .property(
+                "conservation",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some(
+                        "`ok` when the sources equal the destinations, else what is wrong.",
+                    )),
+            )
+            .required("conservation")
+            .into()
+    }
+}
+
+impl ToSchema for LedgerView {}
+
+/// One partition's state for operators and tests (`GET /v1/partitions`):
+/// every ledger term (flattened, each under its [`Term::name`]) and the full
+/// invariant check.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct PartitionView {
     pub subject: String,
@@ -145,26 +204,19 @@ pub struct PartitionView {
     pub policy_generation: u64,
     pub closed: bool,
     pub last_sequence: u64,
-    pub opening_units: u64,
-    pub minted_units: u64,
-    pub overdraft_issued_units: u64,
-    pub available_units: u64,
-    pub reserved_units: u64,
-    pub spent_units: u64,
-    pub retired_for_emergency_units: u64,
-    pub overdraft_repaid_units: u64,
+    /// The terms; `conservation` here is the full check (the equation and
+    /// reserved = Σ held over open reservations): `ok` or the error.
+    #[serde(flatten)]
+    pub ledger: LedgerView,
     pub debt_units: u64,
     pub open_reservations: u64,
     pub reservations: u64,
     pub refusals: u64,
-    /// Result of the full invariant check (conservation and reserved = Σ held): `ok` or the error.
-    pub conservation: String,
 }
 
 impl From<&PartitionStatus> for PartitionView {
     fn from(s: &PartitionStatus) -> Self {
         let p = &s.partition;
-        let l = &p.ledger;
         let key = &s.key;
         PartitionView {
             subject: key.subject.clone(),
@@ -173,22 +225,17 @@ impl From<&PartitionStatus> for PartitionView {
             policy_generation: key.policy_generation,
             closed: p.closed,
             last_sequence: p.last_sequence,
-            opening_units: l.opening_units,
-            minted_units: l.minted_units,
-            overdraft_issued_units: l.overdraft_issued_units,
-            available_units: l.available_units,
-            reserved_units: l.reserved_units,
-            spent_units: l.spent_units,
-            retired_for_emergency_units: l.retired_for_emergency_units,
-            overdraft_repaid_units: l.overdraft_repaid_units,
+            ledger: LedgerView {
+                terms: p.ledger,
+                conservation: match &s.invariants {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => e.to_string(),
+                },
+            },
             debt_units: p.debt_units(),
             open_reservations: p.open_reservations as u64,
             reservations: s.reservations as u64,
             refusals: p.refusals,
-            conservation: match &s.invariants {
-                Ok(()) => "ok".to_string(),
-                Err(e) => e.to_string(),
-            },
         }
     }
 }

@@ -242,24 +242,31 @@ impl TestServer {
         body.as_array().unwrap().clone()
     }
 
-    /// Conservation and reserved = Σ held, on every partition, recomputed here too.
+    /// Conservation and reserved = Σ held, on every partition, recomputed here
+    /// too from every term the view shows (all of core's `Term::ALL`).
     pub async fn assert_conserved(&self) -> Vec<Value> {
+        use reservoir_core::{Side, Term};
         let parts = self.partitions().await;
         for p in &parts {
             assert_eq!(p["conservation"], "ok", "{p}");
-            let u = |k: &str| p[k].as_u64().unwrap();
-            assert_eq!(
-                u("opening_units") + u("minted_units") + u("overdraft_issued_units"),
-                u("available_units")
-                    + u("reserved_units")
-                    + u("spent_units")
-                    + u("retired_for_emergency_units")
-                    + u("overdraft_repaid_units"),
-                "{p}"
-            );
+            let side = |side: Side| -> u128 {
+                Term::ALL
+                    .iter()
+                    .filter(|t| t.side() == side)
+                    .map(|t| {
+                        let v = p[t.name()].as_u64();
+                        u128::from(v.unwrap_or_else(|| panic!("{} missing in {p}", t.name())))
+                    })
+                    .sum()
+            };
+            assert_eq!(side(Side::Source), side(Side::Destination), "{p}");
+            let u = |k: &str| u128::from(p[k].as_u64().unwrap());
             assert_eq!(
                 u("debt_units"),
-                u("overdraft_issued_units") - u("overdraft_repaid_units")
+                u("overdraft_issued_units") + u("debt_moved_in_units")
+                    - u("overdraft_repaid_units")
+                    - u("debt_moved_out_units"),
+                "{p}"
             );
         }
         parts
