@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use reservoir_log::embedded::EmbeddedLog;
-use reservoir_log::{codec, fence, Claim, EventLog, LogEntry, LogError, Record};
+use reservoir_log::{codec, fence, Claim, EventLog, EventReader, LogEntry, LogError, Record};
 use sha2::{Digest, Sha256};
 
 use crate::fixtures;

@@ -24,7 +24,7 @@ use rdkafka::producer::DefaultProducerContext;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use reservoir_log::fence::read_valid;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
+use reservoir_log::{EventLog, EventReader, LogEntry, LogError, Position, Record};
 
 use crate::fixtures;
 

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reservoir_log::{fence, Claim, EventLog, LogEntry, LogError, Position, Record};
+use reservoir_log::{fence, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
 
 use crate::fixtures;
 
