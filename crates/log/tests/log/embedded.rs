@@ -43,6 +43,8 @@ impl Harness for EmbeddedHarness {
     }
 }
 
+// Not `shared_by_writers`: one process, and one instance, holds the log (the
+// lock test below), so no second writer can supersede the first.
 crate::log_suite!(suite, crate::embedded::EmbeddedHarness::new());
 
 #[tokio::test]

@@ -898,5 +898,6 @@ crate::log_suite!(
     match crate::kafka::KafkaHarness::new() {
         Some(harness) => harness,
         None => return,
-    }
+    },
+    shared_by_writers
 );
