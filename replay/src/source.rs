@@ -251,7 +251,8 @@ struct RawSlice {
 
 /// The log replay reads.
 pub enum Source {
-    Embedded(EmbeddedReader),
+    /// Boxed: the reader is large next to a `KafkaLog` (a pointer).
+    Embedded(Box<EmbeddedReader>),
     Kafka(KafkaLog),
 }
 
@@ -271,7 +272,7 @@ impl Source {
             Source::Embedded(e) => {
                 let EmbeddedReader {
                     log, _secondary, ..
-                } = e;
+                } = *e;
                 std::mem::forget(log);
                 drop(_secondary);
             }
@@ -288,7 +289,7 @@ impl Source {
                 } else {
                     log_dir.clone()
                 };
-                Ok(Source::Embedded(EmbeddedReader::open(&dir)?))
+                Ok(Source::Embedded(Box::new(EmbeddedReader::open(&dir)?)))
             }
             SourceSpec::Kafka { brokers, topic } => {
                 // The writer id only names the client: replay never claims or appends.
