@@ -36,7 +36,7 @@ use reservoir_core::{
     RefillRule, RequestDigest, ReservationId, Usage,
 };
 use reservoir_log::embedded::EmbeddedLog;
-use reservoir_log::{Claim, EventLog, LogEntry, Record};
+use reservoir_log::{Claim, EventLog, EventReader, LogEntry, Record};
 use reservoir_projections::projector::stored_partition;
 use reservoir_projections::{store, Projections, Projector, ProjectorConfig};
 

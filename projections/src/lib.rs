@@ -6,7 +6,7 @@
 //! reservations sized" and "why is this tenant refused".
 //!
 //! The main types:
-//! - [`Projector`] consumes any [`reservoir_log::EventLog`] (embedded or Kafka)
+//! - [`Projector`] consumes any [`reservoir_log::EventReader`] (embedded, Kafka, a secondary)
 //!   through the log's one validity rule ([`reservoir_log::fence`]) and writes
 //!   every column family of [`store`] in the same `WriteBatch` as the log
 //!   positions it consumed, so a crash never applies an event twice or skips one.

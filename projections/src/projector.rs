@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use reservoir_core::{try_apply, Event, EventBody, PartitionKey, ReservationId, Usage};
 use reservoir_log::fence::{valid_records, Validity};
-use reservoir_log::{Claim, EventLog, LogEntry, Position, Record};
+use reservoir_log::{Claim, EventReader, LogEntry, Position, Record};
 use rocksdb::{WriteBatch, WriteOptions, DB};
 use tokio::sync::{watch, Notify};
 
@@ -101,7 +101,7 @@ struct LogCursor {
     validity: Validity,
 }
 
-pub struct Projector<L: EventLog> {
+pub struct Projector<L: EventReader> {
     log: Arc<L>,
     db: Arc<DB>,
     config: ProjectorConfig,
@@ -137,7 +137,7 @@ fn validity_from(claim: &Option<ClaimState>) -> Validity {
     validity
 }
 
-impl<L: EventLog> Projector<L> {
+impl<L: EventReader> Projector<L> {
     /// Opens the projector over `log`, resuming from the positions stored in `db`.
     pub fn open(
         log: Arc<L>,

@@ -31,7 +31,7 @@ use reservoir_core::{
 };
 use reservoir_log::embedded::EmbeddedLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::{Claim, EventLog, Record};
+use reservoir_log::{Claim, EventLog, EventReader, Record};
 use reservoir_projections::model::{ClaimState, Cursor};
 use reservoir_projections::store;
 use reservoir_replay::engine::{Engine, PartState};

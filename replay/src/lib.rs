@@ -160,7 +160,7 @@ impl Point {
 
 /// The end offset of every log partition, as the log says now.
 pub async fn log_ends(source: &Source) -> Result<Vec<u64>, Stop> {
-    use reservoir_log::EventLog;
+    use reservoir_log::EventReader;
     let mut ends = Vec::new();
     for lp in 0..source.log_partitions() {
         ends.push(

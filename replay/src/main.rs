@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
-use reservoir_log::EventLog;
+use reservoir_log::EventReader;
 use reservoir_projections::{store, Projector, ProjectorConfig};
 use reservoir_replay::audit::{self, Format, Statement};
 use reservoir_replay::engine::{self, Nothing};

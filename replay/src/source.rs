@@ -2,28 +2,27 @@
 //! *secondary* instance (read-only, no lock: the server may keep running and
 //! writing), or a Kafka topic through [`KafkaLog`].
 //!
-//! Replay needs what [`EventLog::read`] does not give: an entry that does not
+//! Replay needs what [`EventReader::read`] does not give: an entry that does not
 //! decode must become a finding at its position, not an error that ends the
 //! read. So [`Source::read_raw`] returns every position with either its entry
-//! or why it is unreadable. On the embedded log it reads the raw values itself
-//! (the layout is public in `reservoir_log::embedded`: column family `entries`,
-//! big-endian offset keys, codec bytes) and decodes them on every core. On Kafka,
+//! or why it is unreadable. On the embedded log it takes the raw values from
+//! a [`SecondaryLog`] (`for_each_value`) and decodes them on every core, so a
+//! value that does not decode, or a hole, becomes a finding. On Kafka,
 //! where `KafkaLog` only offers decoded reads, a `LogError::Corrupt` at offset
 //! `o` is turned into a finding at `o` and the read resumes at `o + 1` (the
 //! entries before `o` are read again up to it).
 //!
-//! [`Source`] also implements [`EventLog`] (reads only; `append` is refused), so
-//! the projector itself can run over it (`rebuild`).
+//! [`Source`] is an [`EventReader`] (and not an `EventLog`: replay never
+//! appends or claims), so the projector itself can run over it (`rebuild`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reservoir_core::PartitionKey;
 use reservoir_log::codec;
-use reservoir_log::embedded::ENTRIES_CF;
+use reservoir_log::embedded::SecondaryLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
-use rocksdb::{IteratorMode, ReadOptions, DB};
+use reservoir_log::{EventReader, LogEntry, LogError, Position};
 
 /// Why an entry could not be read, and the ledger partition it names if the
 /// start of the value still says so.
@@ -43,13 +42,14 @@ pub struct RawEntry {
 /// Entries decoded per parallel chunk on the embedded log.
 const DECODE_CHUNK_MIN: usize = 512;
 
-/// A read-only view of the embedded log directory.
+/// A read-only view of the embedded log directory, fixed at the end it had
+/// when opened (the server may go on writing).
 pub struct EmbeddedReader {
-    db: DB,
+    log: SecondaryLog,
     /// Reused between reads: fresh multi-megabyte buffers per slice cost more
     /// in page faults than the decoding itself.
     scratch: std::sync::Mutex<RawSlice>,
-    /// The secondary instance's own directory (removed on drop).
+    /// The secondary instance's own directory (removed on drop, after `log`).
     _secondary: tempfile::TempDir,
     end: u64,
 }
@@ -59,28 +59,14 @@ impl EmbeddedReader {
     /// RocksDB secondary: sees everything the primary had written when opened,
     /// never writes, never takes the lock.
     pub fn open(path: &Path) -> Result<Self, LogError> {
-        let storage = |e: rocksdb::Error| LogError::Storage(format!("{}: {e}", path.display()));
-        if !path.join("CURRENT").exists() {
-            return Err(LogError::Invalid(format!(
-                "{} is not an embedded log directory (no RocksDB CURRENT file)",
-                path.display()
-            )));
-        }
         let secondary = tempfile::Builder::new()
             .prefix("reservoir-replay-secondary")
             .tempdir()
             .map_err(|e| LogError::Storage(e.to_string()))?;
-        let db = reservoir_log::embedded::open_secondary(path, secondary.path())?;
-        let entries = db
-            .cf_handle(ENTRIES_CF)
-            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
-        let end = match db.iterator_cf(entries, IteratorMode::End).next() {
-            None => 0,
-            Some(Ok((key, _))) => offset_of(&key).map_or(0, |o| o + 1),
-            Some(Err(e)) => return Err(storage(e)),
-        };
+        let log = SecondaryLog::open(path, secondary.path())?;
+        let end = log.caught_up_end();
         Ok(Self {
-            db,
+            log,
             scratch: std::sync::Mutex::new(RawSlice::default()),
             _secondary: secondary,
             end,
@@ -94,37 +80,19 @@ impl EmbeddedReader {
     /// Raw values of `[from, until)`, back to back in one buffer (one
     /// allocation per slice, not per entry); a missing offset has no bytes.
     fn raw(&self, from: u64, until: u64, slice: &mut RawSlice) -> Result<(), LogError> {
-        let entries = self
-            .db
-            .cf_handle(ENTRIES_CF)
-            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
-        let mut options = ReadOptions::default();
-        options.set_iterate_upper_bound(until.to_be_bytes().to_vec());
-        options.fill_cache(false);
-        options.set_readahead_size(4 << 20);
         slice.bytes.clear();
         slice.items.clear();
         let mut expected = from;
-        let mut iter = self.db.raw_iterator_cf_opt(entries, options);
-        iter.seek(from.to_be_bytes());
-        while iter.valid() {
-            let (Some(key), Some(value)) = (iter.key(), iter.value()) else {
-                break;
-            };
-            if let Some(offset) = offset_of(key) {
-                while expected < offset {
-                    slice.items.push((expected, None));
-                    expected += 1;
-                }
-                let start = slice.bytes.len();
-                slice.bytes.extend_from_slice(value);
-                slice.items.push((offset, Some((start, slice.bytes.len()))));
-                expected = offset + 1;
+        self.log.for_each_value(from, until, |offset, value| {
+            while expected < offset {
+                slice.items.push((expected, None));
+                expected += 1;
             }
-            iter.next();
-        }
-        iter.status()
-            .map_err(|e| LogError::Storage(e.to_string()))?;
+            let start = slice.bytes.len();
+            slice.bytes.extend_from_slice(value);
+            slice.items.push((offset, Some((start, slice.bytes.len()))));
+            expected = offset + 1;
+        })?;
         while expected < until {
             slice.items.push((expected, None));
             expected += 1;
@@ -281,13 +249,10 @@ struct RawSlice {
     items: Vec<(u64, Option<(usize, usize)>)>,
 }
 
-fn offset_of(key: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(key.try_into().ok()?))
-}
-
 /// The log replay reads.
 pub enum Source {
-    Embedded(EmbeddedReader),
+    /// Boxed: the reader is large next to a `KafkaLog` (a pointer).
+    Embedded(Box<EmbeddedReader>),
     Kafka(KafkaLog),
 }
 
@@ -305,8 +270,10 @@ impl Source {
     pub fn leak(self) {
         match self {
             Source::Embedded(e) => {
-                let EmbeddedReader { db, _secondary, .. } = e;
-                std::mem::forget(db);
+                let EmbeddedReader {
+                    log, _secondary, ..
+                } = *e;
+                std::mem::forget(log);
                 drop(_secondary);
             }
             Source::Kafka(k) => drop(k),
@@ -322,7 +289,7 @@ impl Source {
                 } else {
                     log_dir.clone()
                 };
-                Ok(Source::Embedded(EmbeddedReader::open(&dir)?))
+                Ok(Source::Embedded(Box::new(EmbeddedReader::open(&dir)?)))
             }
             SourceSpec::Kafka { brokers, topic } => {
                 // The writer id only names the client: replay never claims or appends.
@@ -437,7 +404,7 @@ async fn kafka_read_raw(
     Ok(out)
 }
 
-impl EventLog for Source {
+impl EventReader for Source {
     fn log_partition_for(&self, key: &PartitionKey) -> u32 {
         match self {
             Source::Embedded(_) => 0,
@@ -452,13 +419,7 @@ impl EventLog for Source {
         }
     }
 
-    async fn append(&self, _batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
-        Err(LogError::Invalid(
-            "replay reads the log; it never appends".into(),
-        ))
-    }
-
-    /// Decoded reads with `EventLog`'s contract: an unreadable entry is a
+    /// Decoded reads with `EventReader`'s contract: an unreadable entry is a
     /// `LogError::Corrupt` at its position (what the projector expects).
     async fn read(
         &self,

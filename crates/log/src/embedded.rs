@@ -25,6 +25,9 @@
 //! takes a [`Claim`] like the Kafka log does, so readers apply the one validity
 //! rule ([`crate::fence`]) to either log, and `append` refuses records that do
 //! not carry the held claim.
+//!
+//! Another process reads a running log through [`SecondaryLog`] (a RocksDB
+//! secondary instance: no lock, no writes), an [`EventReader`] only.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +42,10 @@ use rocksdb::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::{codec, Claim, EventLog, LogEntry, LogError, Position, Record};
+use crate::{codec, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
+
+pub mod secondary;
+pub use secondary::SecondaryLog;
 
 /// Column family holding the entries, keyed by big-endian offset.
 pub const ENTRIES_CF: &str = "entries";
@@ -231,10 +237,10 @@ impl EmbeddedLog {
 }
 
 /// Reads and decodes the entries `[from, until)` of an embedded log's
-/// database (this process's, or a secondary's, see [`open_secondary`]): a
+/// database (this process's, or a [`SecondaryLog`]'s): a
 /// missing entry below `until` is `Corrupt` (a hole), as is a value that does
 /// not decode; `storage` says what a RocksDB error means to the caller.
-pub fn read_range(
+pub(crate) fn read_range(
     db: &DB,
     from: u64,
     until: u64,
@@ -282,43 +288,6 @@ pub fn read_range(
         });
     }
     Ok(out)
-}
-
-/// Opens the embedded log in `log_dir` as a RocksDB *secondary* instance: a
-/// read-only follower that never takes the primary's lock, so a running
-/// server keeps writing (catch up with `try_catch_up_with_primary`). Its own
-/// files go to `secondary_dir`. Refuses a directory that is not an embedded
-/// log (no RocksDB files, or another format tag).
-pub fn open_secondary(log_dir: &Path, secondary_dir: &Path) -> Result<DB, LogError> {
-    let storage = |e: rocksdb::Error| LogError::Storage(format!("{}: {e}", log_dir.display()));
-    if !log_dir.join("CURRENT").exists() {
-        return Err(LogError::Invalid(format!(
-            "{} is not an embedded log directory (no RocksDB CURRENT file)",
-            log_dir.display()
-        )));
-    }
-    let mut options = Options::default();
-    // Keep every table file open: the primary may compact (delete) one while
-    // this instance still lists it.
-    options.set_max_open_files(-1);
-    let cfs = [ENTRIES_CF, META_CF].map(|n| ColumnFamilyDescriptor::new(n, Options::default()));
-    let db = DB::open_cf_descriptors_as_secondary(&options, log_dir, secondary_dir, cfs)
-        .map_err(storage)?;
-    db.try_catch_up_with_primary().map_err(storage)?;
-    let meta = db
-        .cf_handle(META_CF)
-        .ok_or_else(|| LogError::Invalid("no meta column family".into()))?;
-    match db.get_cf(meta, META_FORMAT).map_err(storage)? {
-        Some(tag) if tag == FORMAT_TAG => {}
-        other => {
-            return Err(LogError::Invalid(format!(
-                "{} is not a reservoir embedded log (format tag {:?})",
-                log_dir.display(),
-                other.map(|t| String::from_utf8_lossy(&t).into_owned())
-            )))
-        }
-    }
-    Ok(db)
 }
 
 fn writer_gone() -> LogError {
@@ -624,50 +593,13 @@ impl EmbeddedLog {
     }
 }
 
-impl EventLog for EmbeddedLog {
+impl EventReader for EmbeddedLog {
     fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
         0
     }
 
     fn log_partitions(&self) -> u32 {
         1
-    }
-
-    /// Ordered appends (see [`EventLog::ordered_appends`]): the batch is
-    /// encoded and queued during the call; the returned future only waits for
-    /// the synced write. One FIFO queue feeds
-    /// the writer thread, and after a failed write every later one is refused.
-    fn ordered_appends(&self) -> bool {
-        true
-    }
-
-    async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
-        self.claim(log_partition).await
-    }
-
-    fn append(
-        &self,
-        batch: Vec<Record>,
-    ) -> impl std::future::Future<Output = Result<Vec<Position>, LogError>> + Send {
-        let queued = self.enqueue_append(batch);
-        async move {
-            let (answer, count, later) = match queued? {
-                None => return Ok(Vec::new()),
-                Some(q) => q,
-            };
-            if let Some(request) = later {
-                // The queue was full at the call: this caller's earlier appends
-                // are already queued, so its order is kept.
-                self.send(request).await?;
-            }
-            let first = answer.await.map_err(|_| writer_gone())??;
-            Ok((first..first + count)
-                .map(|offset| Position {
-                    log_partition: 0,
-                    offset,
-                })
-                .collect())
-        }
     }
 
     async fn read(
@@ -706,6 +638,45 @@ impl EventLog for EmbeddedLog {
             Ok(true) => Ok(true),
             Ok(false) => Err(writer_gone()),
             Err(_) => Ok(false),
+        }
+    }
+}
+
+impl EventLog for EmbeddedLog {
+    /// Ordered appends (see [`EventLog::ordered_appends`]): the batch is
+    /// encoded and queued during the call; the returned future only waits for
+    /// the synced write. One FIFO queue feeds
+    /// the writer thread, and after a failed write every later one is refused.
+    fn ordered_appends(&self) -> bool {
+        true
+    }
+
+    async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
+        self.claim(log_partition).await
+    }
+
+    fn append(
+        &self,
+        batch: Vec<Record>,
+    ) -> impl std::future::Future<Output = Result<Vec<Position>, LogError>> + Send {
+        let queued = self.enqueue_append(batch);
+        async move {
+            let (answer, count, later) = match queued? {
+                None => return Ok(Vec::new()),
+                Some(q) => q,
+            };
+            if let Some(request) = later {
+                // The queue was full at the call: this caller's earlier appends
+                // are already queued, so its order is kept.
+                self.send(request).await?;
+            }
+            let first = answer.await.map_err(|_| writer_gone())??;
+            Ok((first..first + count)
+                .map(|offset| Position {
+                    log_partition: 0,
+                    offset,
+                })
+                .collect())
         }
     }
 }

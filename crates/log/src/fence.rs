@@ -5,9 +5,9 @@
 //! partition, in offset order, through one [`Validity`] and skip what it rejects.
 //! Nothing else decides; so the log alone says what happened, whatever the broker.
 //! [`valid_records`] (pure) and [`ValidReader`] / [`read_valid`] (over any
-//! [`EventLog`]) are the shared way to do that.
+//! [`EventReader`]) are the shared way to do that.
 
-use crate::{Claim, EventLog, LogEntry, LogError, Position, Record};
+use crate::{Claim, EventReader, LogEntry, LogError, Position, Record};
 
 /// Why an entry does not count.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ impl ValidReader {
 
     /// The next slice of records that count (possibly empty when only claims or
     /// fenced records were read), or `None` at the current end of the log.
-    pub async fn next_batch<L: EventLog>(
+    pub async fn next_batch<L: EventReader>(
         &mut self,
         log: &L,
     ) -> Result<Option<Vec<(Position, Record)>>, LogError> {
@@ -128,7 +128,7 @@ impl ValidReader {
 
 /// Every record of one log partition that counts, from offset 0 to the current
 /// end, and the validity state after the last entry read.
-pub async fn read_valid<L: EventLog>(
+pub async fn read_valid<L: EventReader>(
     log: &L,
     log_partition: u32,
 ) -> Result<(Vec<(Position, Record)>, Validity), LogError> {

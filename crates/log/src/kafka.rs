@@ -45,7 +45,7 @@ use reservoir_core::PartitionKey;
 use tracing::{info, warn};
 
 use crate::fence::{Validity, Verdict};
-use crate::{codec, fence, Claim, EventLog, LogEntry, LogError, Position, Record};
+use crate::{codec, fence, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
 
 /// Default topic name.
 pub const TOPIC_DEFAULT: &str = "reservoir.events";
@@ -904,7 +904,7 @@ enum ReadTo {
     EndOfLog,
 }
 
-impl EventLog for KafkaLog {
+impl EventReader for KafkaLog {
     fn log_partition_for(&self, key: &PartitionKey) -> u32 {
         log_partition_of_route(&key.subject, &key.route, self.inner.log_partitions)
     }
@@ -913,6 +913,54 @@ impl EventLog for KafkaLog {
         self.inner.log_partitions
     }
 
+    async fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
+        self.check_partition(log_partition)?;
+        let inner = self.inner.clone();
+        blocking(move || {
+            inner.read_blocking(
+                log_partition,
+                from_offset,
+                max,
+                ReadTo::EndOfLog,
+                decode_entry,
+            )
+        })
+        .await?
+    }
+
+    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
+        self.check_partition(log_partition)?;
+        let inner = self.inner.clone();
+        blocking(move || inner.end_offset_blocking(log_partition)).await?
+    }
+
+    async fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<bool, LogError> {
+        const POLL_INTERVAL: Duration = Duration::from_millis(20);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.end_offset(log_partition).await? > offset {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
+        }
+    }
+}
+
+impl EventLog for KafkaLog {
     /// A new claim clears the in-doubt state of the partition.
     async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
         self.claim(log_partition).await
@@ -983,52 +1031,6 @@ impl EventLog for KafkaLog {
             }
         }
         Ok(positions)
-    }
-
-    async fn read(
-        &self,
-        log_partition: u32,
-        from_offset: u64,
-        max: usize,
-    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
-        self.check_partition(log_partition)?;
-        let inner = self.inner.clone();
-        blocking(move || {
-            inner.read_blocking(
-                log_partition,
-                from_offset,
-                max,
-                ReadTo::EndOfLog,
-                decode_entry,
-            )
-        })
-        .await?
-    }
-
-    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
-        self.check_partition(log_partition)?;
-        let inner = self.inner.clone();
-        blocking(move || inner.end_offset_blocking(log_partition)).await?
-    }
-
-    async fn wait_for(
-        &self,
-        log_partition: u32,
-        offset: u64,
-        timeout: Duration,
-    ) -> Result<bool, LogError> {
-        const POLL_INTERVAL: Duration = Duration::from_millis(20);
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if self.end_offset(log_partition).await? > offset {
-                return Ok(true);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
-        }
     }
 }
 

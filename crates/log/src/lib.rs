@@ -1,10 +1,21 @@
 //! # reservoir-log
 //!
 //! The event log every other part of Reservoir reads and writes: the writer
-//! appends, the projector and the replay tool read. Two implementations share one
-//! record format and one validity rule:
-//! - `embedded` (the default): a RocksDB column family on one machine.
+//! appends, the projector and the replay tool read. Two traits say which:
+//! - [`EventReader`]: reads (a log partition's entries, its end, following the
+//!   tail). The projector, replay, writer recovery and the cluster's read paths
+//!   take only this, so a reader can never write a record or a claim.
+//! - [`EventLog`]` : EventReader`: adds `append` (records under a held claim)
+//!   and `reclaim`. Only writers take it.
+//!
+//! The implementations share one record format and one validity rule:
+//! - `embedded` (the default): a RocksDB column family on one machine,
+//!   [`embedded::EmbeddedLog`]; [`embedded::SecondaryLog`] reads a running
+//!   one from another process (`reservoir project`, replay) and is only an
+//!   `EventReader`.
 //! - `kafka`: a Kafka topic (`reservoir.events`), any Kafka-protocol broker.
+//! - `memory` (cargo feature `memory`): `memory::MemoryLog`, in memory with
+//!   fault injection, for tests and `reservoir serve --log memory`; not durable.
 //!
 //! What goes in the log is a [`LogEntry`]: either one command's events for one
 //! ledger partition (a [`Record`], appended atomically), or a writer's [`Claim`]
@@ -22,6 +33,8 @@ pub mod embedded;
 mod fast_decode;
 pub mod fence;
 pub mod kafka;
+#[cfg(feature = "memory")]
+pub mod memory;
 
 use reservoir_core::{Event, PartitionKey};
 use thiserror::Error;
@@ -98,18 +111,47 @@ impl LogError {
     }
 }
 
-/// The log abstraction shared by the writer, the projector and replay.
-///
-/// `append` returns only after the entries are durable (embedded: one synced
-/// RocksDB write for the whole batch; Kafka: acknowledged with `acks=all` and
-/// read back with no foreign claim before them). Positions come back in batch order.
-pub trait EventLog: Send + Sync + 'static {
+/// What every reader of the log needs, and all it gets: the projector, replay,
+/// writer recovery and the cluster's read paths take an `EventReader`, so none
+/// of them can append a record or a claim (and fence a writer) by mistake.
+/// Every [`EventLog`] is one; [`embedded::SecondaryLog`] (a running embedded
+/// log seen from another process) is only one.
+pub trait EventReader: Send + Sync + 'static {
     /// Which log partition a ledger partition's records go to.
     fn log_partition_for(&self, key: &PartitionKey) -> u32;
 
     /// Number of log partitions.
     fn log_partitions(&self) -> u32;
 
+    /// Entries of one log partition from `from_offset`, at most `max` of them,
+    /// in order. Returns fewer (possibly none) at the end of the log.
+    fn read(
+        &self,
+        log_partition: u32,
+        from_offset: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<(Position, LogEntry)>, LogError>> + Send;
+
+    /// Offset one past the last entry of a log partition.
+    fn end_offset(&self, log_partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
+
+    /// Follows the tail: waits until the log partition holds an entry at `offset`
+    /// or `timeout` passes, and says which.
+    fn wait_for(
+        &self,
+        log_partition: u32,
+        offset: u64,
+        timeout: std::time::Duration,
+    ) -> impl Future<Output = Result<bool, LogError>> + Send;
+}
+
+/// The log a writer appends to: an [`EventReader`] that also appends records
+/// under a claim and re-claims a log partition.
+///
+/// `append` returns only after the entries are durable (embedded: one synced
+/// RocksDB write for the whole batch; Kafka: acknowledged with `acks=all` and
+/// read back with no foreign claim before them). Positions come back in batch order.
+pub trait EventLog: EventReader {
     fn append(
         &self,
         batch: Vec<Record>,
@@ -138,25 +180,4 @@ pub trait EventLog: Send + Sync + 'static {
             )))
         }
     }
-
-    /// Entries of one log partition from `from_offset`, at most `max` of them,
-    /// in order. Returns fewer (possibly none) at the end of the log.
-    fn read(
-        &self,
-        log_partition: u32,
-        from_offset: u64,
-        max: usize,
-    ) -> impl Future<Output = Result<Vec<(Position, LogEntry)>, LogError>> + Send;
-
-    /// Offset one past the last entry of a log partition.
-    fn end_offset(&self, log_partition: u32) -> impl Future<Output = Result<u64, LogError>> + Send;
-
-    /// Follows the tail: waits until the log partition holds an entry at `offset`
-    /// or `timeout` passes, and says which.
-    fn wait_for(
-        &self,
-        log_partition: u32,
-        offset: u64,
-        timeout: std::time::Duration,
-    ) -> impl Future<Output = Result<bool, LogError>> + Send;
 }

@@ -2,9 +2,13 @@
 //! RocksDB and librdkafka). A module per area:
 //! - `codec`: the Avro wire contract (round trips, Rust types against the
 //!   `.avsc` files, registry and schema evolution, garbage in).
-//! - `suite`: `log_suite!`, the behaviours every `EventLog` must show, and its
-//!   instantiations (embedded here; Kafka adds `log_suite!(kafka, ...)`).
-//! - `embedded`: what only the RocksDB log promises (process lock, crash test).
+//! - `suite`: `log_suite!`, the behaviours every `EventLog` must show; each
+//!   implementation's module instantiates it (embedded, Kafka, memory).
+//! - `embedded`: what only the RocksDB log promises (process lock, crash test),
+//!   and `SecondaryLog` following a running log from another instance.
+//! - `kafka`: fencing between writers, crashes, faults on a mock cluster.
+//! - `memory`: the memory log (feature `memory`, enabled for this binary by
+//!   the crate's dev-dependency on itself): claims and fault injection.
 
 #[path = "log/fixtures.rs"]
 mod fixtures;
@@ -20,3 +24,6 @@ pub mod suite;
 
 #[path = "log/embedded.rs"]
 mod embedded;
+
+#[path = "log/memory.rs"]
+mod memory;

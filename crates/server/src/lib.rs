@@ -12,7 +12,6 @@
 //! - [`queries`]: the read side: a projector following the same log into
 //!   `<data-dir>/projections`, and the query endpoints over it (`?min_position=`).
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
-//! - [`memlog`]: an in-memory log with fault injection, for tests.
 //! - [`cluster`]: several nodes on one Kafka topic (consumer-group ownership,
 //!   claims, routing between nodes, `GET /v1/cluster`); every node also runs
 //!   the projector over the whole topic and answers the queries itself.
@@ -27,7 +26,6 @@ pub mod app;
 pub mod clock;
 pub mod cluster;
 pub mod config;
-pub mod memlog;
 pub mod problem;
 pub mod project;
 pub mod queries;

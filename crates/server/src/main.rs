@@ -18,7 +18,7 @@ use std::sync::Arc;
 use clap::Parser;
 use reservoir_log::embedded::EmbeddedLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::EventLog;
+use reservoir_log::EventReader;
 use reservoir_server::config::{Cli, CliCommand, ClusterCommand, Config, LogKind};
 use reservoir_server::hostname;
 
@@ -164,7 +164,7 @@ async fn serve(mut config: Config) -> Result<(), String> {
             .await?
         }
         LogKind::Memory => {
-            let log = Arc::new(reservoir_server::memlog::MemoryLog::new());
+            let log = Arc::new(reservoir_log::memory::MemoryLog::new());
             let claim = log.claim(&writer_id);
             reservoir_server::start(
                 config.clone(),

@@ -3,8 +3,8 @@
 //!
 //! - `--log kafka`: the topic, through the fence rule like every reader. The
 //!   process waits for the topic to exist rather than creating it, and reads
-//!   through [`ReadOnly`], which refuses `append` and `reclaim`: a projector
-//!   can never write a record or a claim, so it can never fence a writer.
+//!   through [`ReadOnly`], an `EventReader` only: a projector can never
+//!   write a record or a claim, so it can never fence a writer.
 //! - `--log embedded`: a running `reservoir serve`'s log directory, opened as a
 //!   RocksDB *secondary* instance ([`SecondaryLog`]): no lock is taken (the
 //!   server keeps its primary open), nothing is written to it, and new entries
@@ -16,8 +16,8 @@
 //! open), `/metrics` and `/openapi.json` until SIGTERM or Ctrl-C.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -27,10 +27,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use reservoir_core::PartitionKey;
-use reservoir_log::embedded::ENTRIES_CF;
+use reservoir_log::embedded::SecondaryLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
-use rocksdb::{IteratorMode, DB};
+use reservoir_log::{EventReader, LogEntry, LogError, Position};
 
 use crate::api::{self, AppState};
 use crate::config::{ProjectConfig, ProjectSource};
@@ -39,8 +38,6 @@ use crate::{queries, telemetry};
 
 /// Directory of the secondary instance's own files under `--data-dir`.
 pub const SECONDARY_DIR: &str = "log-secondary";
-/// Shortest interval between two catch-ups of the secondary with the primary.
-pub const CATCH_UP_INTERVAL: Duration = Duration::from_millis(20);
 /// How often a projector waiting for its Kafka topic to exist looks again.
 pub const TOPIC_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -59,7 +56,9 @@ pub async fn run(
         ProjectSource::Embedded { log_dir } => {
             let secondary = config.data_dir.join(SECONDARY_DIR);
             let log = SecondaryLog::open(&log_dir, &secondary).map_err(|e| match e {
-                LogError::Invalid(reason) => reason,
+                LogError::Invalid(reason) => {
+                    format!("{reason}; point --log-dir at a running server's <data-dir>/log")
+                }
                 e => e.to_string(),
             })?;
             tracing::info!(log_dir = %log_dir.display(), "following the embedded log as a RocksDB secondary");
@@ -68,7 +67,7 @@ pub async fn run(
     }
 }
 
-async fn serve<L: EventLog>(
+async fn serve<L: EventReader>(
     config: ProjectConfig,
     log: Arc<L>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -179,26 +178,18 @@ fn topic_partitions(config: &KafkaConfig) -> Result<usize, String> {
         .map_or(0, |t| t.partitions().len()))
 }
 
-/// A log seen through reads only: `append` and `reclaim` are refused before
-/// anything reaches the underlying log, so a projector cannot write a record
-/// or a claim (and cannot fence a writer).
+/// A log seen through reads only: an [`EventReader`] and not an
+/// [`reservoir_log::EventLog`], so a projector cannot write a record or a
+/// claim (and cannot fence a writer) through it.
 pub struct ReadOnly<L>(pub L);
 
-impl<L: EventLog> EventLog for ReadOnly<L> {
+impl<L: EventReader> EventReader for ReadOnly<L> {
     fn log_partition_for(&self, key: &PartitionKey) -> u32 {
         self.0.log_partition_for(key)
     }
 
     fn log_partitions(&self) -> u32 {
         self.0.log_partitions()
-    }
-
-    async fn append(&self, _batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
-        Err(read_only())
-    }
-
-    async fn reclaim(&self, _log_partition: u32) -> Result<reservoir_log::Claim, LogError> {
-        Err(read_only())
     }
 
     async fn read(
@@ -221,149 +212,5 @@ impl<L: EventLog> EventLog for ReadOnly<L> {
         timeout: Duration,
     ) -> Result<bool, LogError> {
         self.0.wait_for(log_partition, offset, timeout).await
-    }
-}
-
-fn read_only() -> LogError {
-    LogError::Invalid("a projector's log is read-only".into())
-}
-
-/// A running server's embedded log, read through a RocksDB secondary
-/// instance. Same layout as [`reservoir_log::embedded`] (column family
-/// `entries`, big-endian offset keys, codec values); one log partition.
-pub struct SecondaryLog {
-    db: DB,
-    /// End offset as of the last catch-up, and when that was.
-    caught_up: Mutex<(u64, Option<Instant>)>,
-    path: PathBuf,
-}
-
-impl SecondaryLog {
-    /// Opens `log_dir` (a server's `<data-dir>/log`) as a secondary whose own
-    /// files go to `secondary_dir`.
-    pub fn open(log_dir: &Path, secondary_dir: &Path) -> Result<Self, LogError> {
-        if !log_dir.join("CURRENT").exists() {
-            return Err(LogError::Invalid(format!(
-                "{} is not an embedded log directory (no RocksDB CURRENT file); point --log-dir at a running server's <data-dir>/log",
-                log_dir.display()
-            )));
-        }
-        std::fs::create_dir_all(secondary_dir).map_err(|e| {
-            LogError::Storage(format!("cannot create {}: {e}", secondary_dir.display()))
-        })?;
-        let db = reservoir_log::embedded::open_secondary(log_dir, secondary_dir)?;
-        let log = SecondaryLog {
-            db,
-            caught_up: Mutex::new((0, None)),
-            path: log_dir.to_path_buf(),
-        };
-        let end = log.last_end()?;
-        *log.caught_up.lock().unwrap_or_else(|e| e.into_inner()) = (end, Some(Instant::now()));
-        Ok(log)
-    }
-
-    fn storage(&self, e: impl std::fmt::Display) -> LogError {
-        // Transient: the next catch-up may succeed (the primary moved a file).
-        LogError::Unavailable(format!("{}: {e}", self.path.display()))
-    }
-
-    /// One past the last entry this instance sees.
-    fn last_end(&self) -> Result<u64, LogError> {
-        let entries = self
-            .db
-            .cf_handle(ENTRIES_CF)
-            .ok_or_else(|| LogError::Invalid("no entries column family".into()))?;
-        match self.db.iterator_cf(entries, IteratorMode::End).next() {
-            None => Ok(0),
-            Some(Ok((key, _))) => Ok(offset_of(&key).map_or(0, |o| o + 1)),
-            Some(Err(e)) => Err(self.storage(e)),
-        }
-    }
-
-    /// Catches up with the primary (at most every [`CATCH_UP_INTERVAL`]) and
-    /// returns the end offset. Entries are written in offset order in atomic
-    /// batches, so everything below the end is there.
-    fn end(&self) -> Result<u64, LogError> {
-        let mut caught_up = self.caught_up.lock().unwrap_or_else(|e| e.into_inner());
-        if caught_up
-            .1
-            .is_some_and(|at| at.elapsed() < CATCH_UP_INTERVAL)
-        {
-            return Ok(caught_up.0);
-        }
-        self.db
-            .try_catch_up_with_primary()
-            .map_err(|e| self.storage(e))?;
-        let end = self.last_end()?.max(caught_up.0);
-        *caught_up = (end, Some(Instant::now()));
-        Ok(end)
-    }
-}
-
-fn offset_of(key: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(key.try_into().ok()?))
-}
-
-fn check_partition(log_partition: u32) -> Result<(), LogError> {
-    if log_partition == 0 {
-        Ok(())
-    } else {
-        Err(LogError::Invalid(format!(
-            "the embedded log has one partition, not {log_partition}"
-        )))
-    }
-}
-
-impl EventLog for SecondaryLog {
-    fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
-        0
-    }
-
-    fn log_partitions(&self) -> u32 {
-        1
-    }
-
-    async fn append(&self, _batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
-        Err(read_only())
-    }
-
-    async fn read(
-        &self,
-        log_partition: u32,
-        from_offset: u64,
-        max: usize,
-    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
-        check_partition(log_partition)?;
-        let end = self.end()?;
-        if from_offset >= end || max == 0 {
-            return Ok(Vec::new());
-        }
-        let until = end.min(from_offset.saturating_add(max as u64));
-        reservoir_log::embedded::read_range(&self.db, from_offset, until, |e| self.storage(e))
-    }
-
-    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
-        check_partition(log_partition)?;
-        self.end()
-    }
-
-    async fn wait_for(
-        &self,
-        log_partition: u32,
-        offset: u64,
-        timeout: Duration,
-    ) -> Result<bool, LogError> {
-        check_partition(log_partition)?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if self.end()? > offset {
-                return Ok(true);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            tokio::time::sleep(CATCH_UP_INTERVAL.min(deadline - now)).await;
-        }
     }
 }

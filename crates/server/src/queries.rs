@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use reservoir_core::ReservationId;
-use reservoir_log::{EventLog, Position};
+use reservoir_log::{EventReader, Position};
 use reservoir_projections::model::{EfficiencyHistogram, PartitionBalance, Rollup};
 use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
 use serde::{Deserialize, Serialize};
@@ -162,7 +162,7 @@ pub const PROJECTOR_NICE: i32 = 10;
 /// runtime) at a lower scheduling priority ([`PROJECTOR_NICE`]), not on the
 /// runtime that serves requests: one step folds up to thousands of events, and
 /// on a tokio worker it would hold up every request queued behind it.
-pub fn spawn<L: EventLog>(log: Arc<L>, data_dir: &FsPath, handle: QueryHandle) -> ProjectorTask {
+pub fn spawn<L: EventReader>(log: Arc<L>, data_dir: &FsPath, handle: QueryHandle) -> ProjectorTask {
     let (stop, stop_rx) = watch::channel(false);
     let (done_tx, done) = std::sync::mpsc::channel::<()>();
     let path = data_dir.join(PROJECTIONS_DIR);
@@ -216,7 +216,7 @@ async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
 
 /// Opens the projection database, discarding it when it is ahead of the log
 /// (a projection of another log, e.g. an earlier in-memory log).
-async fn open_db<L: EventLog>(
+async fn open_db<L: EventReader>(
     log: &L,
     path: &PathBuf,
 ) -> Result<Arc<rocksdb::DB>, ProjectionError> {
@@ -235,7 +235,7 @@ async fn open_db<L: EventLog>(
     Ok(db)
 }
 
-async fn follow<L: EventLog>(
+async fn follow<L: EventReader>(
     log: Arc<L>,
     path: PathBuf,
     handle: QueryHandle,

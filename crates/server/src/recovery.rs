@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use reservoir_core::{try_apply, PartitionKey, ReservationId};
 use reservoir_log::fence::{valid_records, Validity};
-use reservoir_log::{Claim, EventLog, LogEntry};
+use reservoir_log::{Claim, EventReader, LogEntry};
 
 use crate::snapshot::Snapshot;
 use crate::writer::{shard_of, DueKind, ShardState};
@@ -36,7 +36,7 @@ pub struct Recovered {
 }
 
 /// Rebuilds `shards` shard states from `snapshot` (if usable) and the log.
-pub async fn recover<L: EventLog>(
+pub async fn recover<L: EventReader>(
     log: &L,
     shards: usize,
     snapshot: Option<Snapshot>,
@@ -69,7 +69,7 @@ pub async fn recover<L: EventLog>(
     replay(log, shards, None).await
 }
 
-async fn replay<L: EventLog>(
+async fn replay<L: EventReader>(
     log: &L,
     shards: usize,
     snapshot: Option<Snapshot>,

@@ -11,7 +11,7 @@ use reservoir_core::{
 };
 use reservoir_log::embedded::EmbeddedLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::{Claim, EventLog, Position, Record};
+use reservoir_log::{Claim, EventLog, EventReader, Position, Record};
 use reservoir_projections::{dump, store, Projections, Projector, ProjectorConfig};
 
 pub struct Driver<L: EventLog = EmbeddedLog> {

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use reservoir_log::embedded::EmbeddedLog;
-use reservoir_log::{codec, fence, Claim, EventLog, LogEntry, LogError, Record};
+use reservoir_log::{codec, fence, Claim, EventLog, EventReader, LogEntry, LogError, Record};
 use sha2::{Digest, Sha256};
 
 use crate::fixtures;
@@ -43,6 +43,8 @@ impl Harness for EmbeddedHarness {
     }
 }
 
+// Not `shared_by_writers`: one process, and one instance, holds the log (the
+// lock test below), so no second writer can supersede the first.
 crate::log_suite!(suite, crate::embedded::EmbeddedHarness::new());
 
 #[tokio::test]
@@ -359,5 +361,64 @@ fn sigkill_mid_append_keeps_exactly_an_acknowledged_prefix() {
     eprintln!(
         "{ROUNDS} kills, {} acknowledged appends, {total} records checked",
         acknowledged.len()
+    );
+}
+
+/// A `SecondaryLog` follows a log another instance holds open and writes:
+/// it sees what was written before it opened and what is written after,
+/// never takes the lock, and is refused on a directory that is no log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secondary_follows_the_primary_without_its_lock() {
+    use reservoir_log::embedded::SecondaryLog;
+    let h = EmbeddedHarness::new();
+    let primary = h.open("a").await;
+    let claim = primary.claim(0).await.unwrap();
+    let first = primary
+        .append(vec![fixtures::record("t", "a", claim.epoch, 1, 1)])
+        .await
+        .unwrap();
+    let secondary_dir = tempfile::tempdir().unwrap();
+    let secondary = SecondaryLog::open(&h.path(), secondary_dir.path()).unwrap();
+    assert_eq!(secondary.log_partitions(), 1);
+    assert_eq!(secondary.end_offset(0).await.unwrap(), first[0].offset + 1);
+    let later = primary
+        .append(vec![fixtures::record("t", "a", claim.epoch, 2, 1)])
+        .await
+        .unwrap();
+    assert!(
+        secondary
+            .wait_for(0, later[0].offset, std::time::Duration::from_secs(10))
+            .await
+            .unwrap(),
+        "the secondary catches up with the primary"
+    );
+    let (counted, validity) = fence::read_valid(&secondary, 0).await.unwrap();
+    let counted: Vec<_> = counted.into_iter().map(|(pos, _)| pos).collect();
+    assert_eq!(counted, [first, later].concat());
+    assert_eq!(validity.current_claim(), Some(&claim));
+    assert!(matches!(
+        secondary.read(1, 0, 1).await,
+        Err(LogError::Invalid(_))
+    ));
+    // Raw values, undecoded, for a reader that decodes in bulk (replay).
+    let mut offsets = Vec::new();
+    secondary
+        .for_each_value(0, secondary.caught_up_end(), |offset, value| {
+            assert!(codec::decode(value).is_ok(), "offset {offset}");
+            offsets.push(offset);
+        })
+        .unwrap();
+    assert_eq!(offsets, (0..secondary.caught_up_end()).collect::<Vec<_>>());
+    // The primary still writes while the secondary is open.
+    primary
+        .append(vec![fixtures::record("t", "a", claim.epoch, 3, 1)])
+        .await
+        .unwrap();
+
+    let not_a_log = tempfile::tempdir().unwrap();
+    let err = SecondaryLog::open(not_a_log.path(), secondary_dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, LogError::Invalid(m) if m.contains("not an embedded log directory")),
+        "{err}"
     );
 }

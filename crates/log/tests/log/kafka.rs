@@ -24,7 +24,7 @@ use rdkafka::producer::DefaultProducerContext;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use reservoir_log::fence::read_valid;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
+use reservoir_log::{EventLog, EventReader, LogEntry, LogError, Position, Record};
 
 use crate::fixtures;
 
@@ -898,5 +898,6 @@ crate::log_suite!(
     match crate::kafka::KafkaHarness::new() {
         Some(harness) => harness,
         None => return,
-    }
+    },
+    shared_by_writers
 );

@@ -6,17 +6,23 @@
 //! partition. Then one line instantiates the whole suite as a module of tests:
 //! ```ignore
 //! log_suite!(embedded, crate::embedded::harness());
-//! log_suite!(kafka, crate::kafka::harness().await);   // the expression may await
+//! log_suite!(kafka, crate::kafka::harness().await, shared_by_writers);   // the expression may await
 //! ```
 //! Each behaviour is a generic `async fn` below, so a failure names the
 //! implementation (`embedded::tail_following`) and the behaviour.
+//!
+//! `shared_by_writers` adds the cases that need two writers on one log at
+//! once (a writer whose claim another superseded): the Kafka and memory logs
+//! are shared like that. The embedded log is not: its RocksDB lock lets one
+//! process, and one instance, open it (`embedded` tests that a second open is
+//! refused), so no second writer can supersede the first while it runs.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use reservoir_log::{fence, Claim, EventLog, LogEntry, LogError, Position, Record};
+use reservoir_log::{fence, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
 
 use crate::fixtures;
 
@@ -35,11 +41,19 @@ pub trait Harness: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Claim, LogError>> + Send;
 }
 
-/// Instantiates the suite: `log_suite!(module_name, harness_expression)`. The
-/// expression is evaluated inside each test's async body (it may `.await`).
+/// Instantiates the suite: `log_suite!(module_name, harness_expression)`, or
+/// `log_suite!(module_name, harness_expression, shared_by_writers)` for a log
+/// several writers share (see the module doc). The expression is evaluated
+/// inside each test's async body (it may `.await`).
 #[macro_export]
 macro_rules! log_suite {
+    ($name:ident, $harness:expr, shared_by_writers) => {
+        $crate::log_suite!(@module $name, $harness; a_superseded_writer_is_fenced);
+    };
     ($name:ident, $harness:expr) => {
+        $crate::log_suite!(@module $name, $harness;);
+    };
+    (@module $name:ident, $harness:expr; $($extra:ident),*) => {
         mod $name {
             #[allow(unused_imports)]
             use super::*;
@@ -52,6 +66,7 @@ macro_rules! log_suite {
                 tail_following,
                 reopen_recovers_every_acknowledged_entry,
                 records_without_the_held_claim_are_refused,
+                $($extra),*
             );
         }
     };
@@ -386,4 +401,44 @@ pub async fn records_without_the_held_claim_are_refused<H: Harness>(h: &H) {
         );
     }
     assert_eq!(log.end_offset(p).await.unwrap(), end, "nothing was written");
+}
+
+/// A writer whose claim a later one superseded (a zombie: paused, cut off, or
+/// slow to learn it lost the log partition) is answered `Fenced`, a transient
+/// error, for every batch it appends after the newer claim, and none of them
+/// counts; the new holder's records do. (Whether its batches reach the log
+/// is each log's own: Kafka and the memory log write the first one, as a
+/// produce lands before its read-back, and refuse the rest.)
+/// `shared_by_writers` only.
+pub async fn a_superseded_writer_is_fenced<H: Harness>(h: &H) {
+    let (zombie, old, p) = claimed(h, "zombie", "superseded").await;
+    let before = zombie
+        .append(records(&old, "superseded", 1, &[1]))
+        .await
+        .unwrap();
+    let usurper = h.open("usurper").await;
+    let new = H::claim(&usurper, p).await.unwrap();
+    assert!(new.epoch > old.epoch, "{new:?} supersedes {old:?}");
+    for i in 0..3 {
+        let err = zombie
+            .append(records(&old, "superseded", 2 + i, &[1]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, LogError::Fenced { .. }) && err.transient(),
+            "zombie batch {i}: {err:?}"
+        );
+    }
+    let after = usurper
+        .append(records(&new, "superseded", 2, &[1]))
+        .await
+        .unwrap();
+    let (counted, validity) = fence::read_valid(&usurper, p).await.unwrap();
+    let counted: Vec<Position> = counted.into_iter().map(|(pos, _)| pos).collect();
+    assert_eq!(
+        counted,
+        [before, after].concat(),
+        "only the acknowledged records count"
+    );
+    assert_eq!(validity.current_claim(), Some(&new));
 }

@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use reservoir_core::ReservationId;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::EventLog;
+use reservoir_log::EventReader;
 
 use crate::config::{ClusterConfig, Config};
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use reservoir_core::PartitionKey;
 use reservoir_log::kafka::KafkaLog;
-use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
+use reservoir_log::{EventLog, EventReader, LogEntry, LogError, Position, Record};
 use tokio::sync::watch;
 
 use super::{Node, SlotState};
@@ -56,39 +56,13 @@ impl OnePartition {
     }
 }
 
-impl EventLog for OnePartition {
+impl EventReader for OnePartition {
     fn log_partition_for(&self, _key: &PartitionKey) -> u32 {
         0
     }
 
     fn log_partitions(&self) -> u32 {
         1
-    }
-
-    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
-        if let Some(stray) = batch
-            .iter()
-            .find(|r| self.log.log_partition_for(&r.key) != self.p)
-        {
-            return Err(LogError::Invalid(format!(
-                "{} does not belong to log partition {}",
-                stray.key, self.p
-            )));
-        }
-        match self.log.append(batch).await {
-            Ok(positions) => {
-                if let Some(last) = positions.last() {
-                    self.note(last.offset);
-                }
-                Ok(positions)
-            }
-            Err(err) => {
-                if matches!(err, LogError::Fenced { .. } | LogError::InDoubt { .. }) {
-                    self.trouble.send_replace(Some(err.to_string()));
-                }
-                Err(err)
-            }
-        }
     }
 
     async fn read(
@@ -118,6 +92,34 @@ impl EventLog for OnePartition {
     ) -> Result<bool, LogError> {
         assert_eq!(log_partition, 0, "a one-partition view");
         self.log.wait_for(self.p, offset, timeout).await
+    }
+}
+
+impl EventLog for OnePartition {
+    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        if let Some(stray) = batch
+            .iter()
+            .find(|r| self.log.log_partition_for(&r.key) != self.p)
+        {
+            return Err(LogError::Invalid(format!(
+                "{} does not belong to log partition {}",
+                stray.key, self.p
+            )));
+        }
+        match self.log.append(batch).await {
+            Ok(positions) => {
+                if let Some(last) = positions.last() {
+                    self.note(last.offset);
+                }
+                Ok(positions)
+            }
+            Err(err) => {
+                if matches!(err, LogError::Fenced { .. } | LogError::InDoubt { .. }) {
+                    self.trouble.send_replace(Some(err.to_string()));
+                }
+                Err(err)
+            }
+        }
     }
 }
 

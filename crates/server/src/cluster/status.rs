@@ -235,7 +235,7 @@ pub async fn local(node: &Node, offsets: bool) -> NodeStatus {
         if offsets {
             let end = tokio::time::timeout(
                 PEER_TIMEOUT,
-                reservoir_log::EventLog::end_offset(&node.log, status.log_partition),
+                reservoir_log::EventReader::end_offset(&node.log, status.log_partition),
             )
             .await
             .ok()

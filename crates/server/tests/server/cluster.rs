@@ -22,7 +22,7 @@ use reqwest::StatusCode;
 use reservoir_core::{try_apply, Partition, PartitionKey};
 use reservoir_log::fence::{read_valid, Validity, Verdict};
 use reservoir_log::kafka::{log_partition_of_route, KafkaConfig, KafkaLog};
-use reservoir_log::{Claim, EventLog, LogEntry, Position};
+use reservoir_log::{Claim, EventReader, LogEntry, Position};
 use serde_json::{json, Value};
 
 use crate::kafka::brokers;

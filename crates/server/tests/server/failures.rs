@@ -226,11 +226,11 @@ async fn a_pipelined_batch_is_answered_after_the_one_before() {
 /// of 1,000 units published for t/r and no sweeps.
 async fn pipelining_server() -> (
     tempfile::TempDir,
-    Arc<reservoir_server::memlog::MemoryLog>,
+    Arc<reservoir_log::memory::MemoryLog>,
     Arc<TestServer>,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(reservoir_server::memlog::MemoryLog::ordered());
+    let log = Arc::new(reservoir_log::memory::MemoryLog::ordered());
     let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     (dir, log, s)
@@ -240,7 +240,7 @@ async fn pipelining_server() -> (
 /// background and waits until the writer has handed its batch to the log.
 async fn send_pipelined(
     s: &Arc<TestServer>,
-    log: &reservoir_server::memlog::MemoryLog,
+    log: &reservoir_log::memory::MemoryLog,
     path: &'static str,
     body: serde_json::Value,
 ) -> tokio::task::JoinHandle<(StatusCode, serde_json::Value)> {

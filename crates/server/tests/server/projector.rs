@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use reqwest::StatusCode;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
-use reservoir_log::EventLog;
+use reservoir_log::EventReader;
 use reservoir_server::config::{Cli, CliCommand, ProjectSource};
 use serde_json::{json, Value};
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use reservoir_core::PartitionKey;
-use reservoir_log::{EventLog, LogEntry, LogError, Position, Record};
-use reservoir_server::memlog::MemoryLog;
+use reservoir_log::memory::MemoryLog;
+use reservoir_log::{EventLog, EventReader, LogEntry, LogError, Position, Record};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -19,15 +19,12 @@ struct GatedLog {
     gate: Semaphore,
 }
 
-impl EventLog for GatedLog {
+impl EventReader for GatedLog {
     fn log_partition_for(&self, key: &PartitionKey) -> u32 {
         self.inner.log_partition_for(key)
     }
     fn log_partitions(&self) -> u32 {
         self.inner.log_partitions()
-    }
-    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
-        self.inner.append(batch).await
     }
     async fn read(
         &self,
@@ -43,6 +40,12 @@ impl EventLog for GatedLog {
     }
     async fn wait_for(&self, p: u32, offset: u64, timeout: Duration) -> Result<bool, LogError> {
         self.inner.wait_for(p, offset, timeout).await
+    }
+}
+
+impl EventLog for GatedLog {
+    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
+        self.inner.append(batch).await
     }
 }
 
@@ -290,7 +293,8 @@ async fn records_of_a_fenced_writer_do_not_count() {
     };
     log.append(vec![record(&old, opened)]).await.unwrap();
     let new = log.claim("new");
-    // A zombie: the old writer appends after the new claim took the log.
+    // A zombie: the old writer appends after the new claim took the log. The
+    // record lands (as on a shared Kafka topic) and the zombie is told it is fenced.
     let id = ReservationId::new("zombie").unwrap();
     let reserve = Command::Reserve {
         id: id.clone(),
@@ -298,9 +302,10 @@ async fn records_of_a_fenced_writer_do_not_count() {
         units: 10,
         sizing: None,
     };
-    log.append(vec![record(&old, decide(&p, &reserve, 2).unwrap())])
-        .await
-        .unwrap();
+    let zombie = log
+        .append(vec![record(&old, decide(&p, &reserve, 2).unwrap())])
+        .await;
+    assert!(matches!(zombie, Err(LogError::Fenced { .. })), "{zombie:?}");
     let r = reservoir_server::recovery::recover(&log, 2, None)
         .await
         .unwrap();

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use reqwest::StatusCode;
 use reservoir_core::{EventBody, SizingRule};
-use reservoir_log::{EventLog, LogEntry};
-use reservoir_server::memlog::MemoryLog;
+use reservoir_log::memory::MemoryLog;
+use reservoir_log::{EventReader, LogEntry};
 use serde_json::{json, Value};
 
 use crate::support::*;

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use reservoir_core::Policy;
+use reservoir_log::memory::MemoryLog;
 use reservoir_log::{Claim, EventLog};
 use reservoir_server::config::Config;
-use reservoir_server::memlog::MemoryLog;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -103,11 +103,11 @@ impl TestServer {
     /// An in-process server on a fresh in-memory log.
     pub async fn memory() -> (
         TestServer,
-        Arc<reservoir_server::memlog::MemoryLog>,
+        Arc<reservoir_log::memory::MemoryLog>,
         tempfile::TempDir,
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let log = Arc::new(reservoir_server::memlog::MemoryLog::new());
+        let log = Arc::new(reservoir_log::memory::MemoryLog::new());
         let server = TestServer::start(log.clone(), test_config(dir.path())).await;
         (server, log, dir)
     }
