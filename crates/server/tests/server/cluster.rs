@@ -645,8 +645,9 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     }
 }
 
-/// `docker-compose.yml` parses, has Kafka in KRaft mode and two nodes whose
-/// commands the real `reservoir` command line accepts in cluster mode.
+/// `docker-compose.yml` parses, has Kafka in KRaft mode (the test broker's
+/// version and settings) and two nodes whose commands the real `reservoir`
+/// command line accepts in cluster mode.
 #[test]
 fn docker_compose_uses_the_real_flags() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docker-compose.yml");
@@ -659,6 +660,42 @@ fn docker_compose_uses_the_real_flags() {
         kafka["environment"]["KAFKA_PROCESS_ROLES"].as_str(),
         Some("broker,controller"),
         "KRaft mode"
+    );
+    // The same broker as the tests: version from scripts/kafka-broker/pom.xml,
+    // and every setting scripts/kafka gives the test broker (except the ones
+    // naming its ports and directories).
+    let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts");
+    let pom = std::fs::read_to_string(format!("{scripts}/kafka-broker/pom.xml")).unwrap();
+    let version = pom
+        .split_once("<kafka.version>")
+        .and_then(|(_, rest)| rest.split_once("</kafka.version>"))
+        .expect("kafka.version in the pom")
+        .0;
+    assert_eq!(
+        kafka["image"].as_str(),
+        Some(format!("apache/kafka:{version}").as_str()),
+        "the Kafka the tests run"
+    );
+    let script = std::fs::read_to_string(format!("{scripts}/kafka")).unwrap();
+    let settings = script
+        .split_once("<<PROPS\n")
+        .and_then(|(_, rest)| rest.split_once("\nPROPS\n"))
+        .expect("the broker settings in scripts/kafka")
+        .0;
+    let mut compared = 0;
+    for line in settings.lines().filter(|line| !line.contains('$')) {
+        let (key, value) = line.split_once('=').expect("key=value");
+        let variable = format!("KAFKA_{}", key.replace('.', "_").to_uppercase());
+        assert_eq!(
+            kafka["environment"][variable.as_str()].as_str(),
+            Some(value),
+            "docker-compose.yml sets {variable} as scripts/kafka sets {key}"
+        );
+        compared += 1;
+    }
+    assert!(
+        compared >= 10,
+        "read the settings of scripts/kafka ({compared})"
     );
     let mut nodes = 0;
     for (name, service) in services {
