@@ -58,6 +58,15 @@ fn free_port() -> u16 {
 /// for the requests it received while paused to reach its writers and the log.
 const N2_LOST_REVOKE_DELAY_MS: &str = "3000";
 
+/// The `reservoir` binary the nodes run: cargo's, or `RESERVOIR_TEST_SERVER_BIN`
+/// when set. Checkouts that share one target directory (worktrees of this
+/// repository) share its `release/reservoir` too, and the last build wins; a
+/// repeated run pins its own copy with the variable.
+fn server_bin() -> String {
+    std::env::var("RESERVOIR_TEST_SERVER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_reservoir").to_string())
+}
+
 fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
     let data = tempfile::tempdir().unwrap();
     let delay = if id == "n2" {
@@ -65,7 +74,7 @@ fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> N
     } else {
         "0"
     };
-    let child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
+    let child = Command::new(server_bin())
         .args([
             "serve",
             "--log",
