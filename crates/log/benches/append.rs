@@ -192,7 +192,7 @@ fn embedded_concurrent_run(rt: &tokio::runtime::Runtime, dir: &Path, appenders: 
 
 /// Kafka log vs raw idempotent rdkafka produce of the same bytes to the same
 /// broker, at the same batch sizes. The Kafka engineer fills this in (broker from
-/// the environment, e.g. `scripts/tansu env`); no rows when no broker is given.
+/// the environment, e.g. `scripts/kafka env`); no rows when no broker is given.
 fn kafka_rows(batch_sizes: &[usize]) -> Vec<Row> {
     kafka::rows(batch_sizes)
 }

@@ -27,6 +27,11 @@
 //!
 //! Blocking librdkafka calls (metadata, watermarks, consumer polls) run on
 //! tokio's blocking pool; each log partition has its own lazily created reader.
+//!
+//! **Broker quirks.** On Apache Kafka (and any broker that follows the
+//! protocol) the standard path is taken. Workarounds for a broker's bugs are
+//! named in [`BrokerQuirks`] and switched on only when the operator says so
+//! ([`BrokerQuirks::ENV`]); today that is tansu 0.6.
 
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
@@ -52,6 +57,40 @@ pub const TOPIC_DEFAULT: &str = "reservoir.events";
 /// Most records one `append` takes; a larger batch is refused as invalid.
 pub const APPEND_RECORDS_MAX: usize = 16_384;
 
+/// Workarounds for known bugs of a particular broker, off unless asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BrokerQuirks {
+    /// A broker that follows the Kafka protocol (Apache Kafka, Redpanda, ...).
+    #[default]
+    None,
+    /// tansu 0.6: a fetch from an offset inside a multi-record batch returns
+    /// only the batches that start at or after it (the read steps back to find
+    /// the batch), and ListOffsets answers one past the *first* offset of the
+    /// last batch (the end of the log is read from fetches). In cluster mode the
+    /// server also runs its rejoin watchdog (tansu can hand back a previous
+    /// generation's assignment; see `reservoir_server::cluster::membership`).
+    Tansu,
+}
+
+impl BrokerQuirks {
+    /// Environment variable naming the broker's quirks: unset, empty or `none`,
+    /// or `tansu`. Read by [`KafkaConfig::new`], so every binary and test that
+    /// talks to one broker agrees on it.
+    pub const ENV: &'static str = "RESERVOIR_BROKER_QUIRKS";
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name.trim() {
+            "" | "none" => Ok(Self::None),
+            "tansu" => Ok(Self::Tansu),
+            other => Err(format!("{}={other:?}: expected none or tansu", Self::ENV)),
+        }
+    }
+
+    fn from_env() -> Result<Self, String> {
+        Self::parse(&std::env::var(Self::ENV).unwrap_or_default())
+    }
+}
+
 /// Where and how the Kafka log connects.
 #[derive(Clone, Debug)]
 pub struct KafkaConfig {
@@ -74,6 +113,9 @@ pub struct KafkaConfig {
     /// Extra librdkafka settings for every client (tests use this for mock
     /// clusters and tighter timeouts).
     pub client_overrides: Vec<(String, String)>,
+    /// Workarounds for the broker's bugs; from [`BrokerQuirks::ENV`] (an
+    /// invalid value makes [`KafkaLog::connect`] fail).
+    pub quirks: Result<BrokerQuirks, String>,
 }
 
 impl KafkaConfig {
@@ -87,7 +129,14 @@ impl KafkaConfig {
             request_timeout: Duration::from_secs(10),
             delivery_timeout: Duration::from_secs(30),
             client_overrides: Vec::new(),
+            quirks: BrokerQuirks::from_env(),
         }
+    }
+
+    /// The broker quirks in effect (none when the setting was invalid; connect
+    /// refuses such a config).
+    pub fn broker_quirks(&self) -> BrokerQuirks {
+        self.quirks.clone().unwrap_or_default()
     }
 
     fn client_config(&self) -> ClientConfig {
@@ -273,11 +322,14 @@ fn kafka_offset(offset: u64) -> i64 {
 }
 
 impl KafkaLog {
-    /// Connects, creating the topic if it is missing (brokers such as tansu do not
-    /// auto-create topics), and learns its partition count.
+    /// Connects, creating the topic if it is missing (some brokers, tansu among
+    /// them, do not auto-create topics), and learns its partition count.
     pub async fn connect(config: KafkaConfig) -> Result<Self, LogError> {
         if config.writer_id.is_empty() {
             return Err(LogError::Invalid("writer id is empty".into()));
+        }
+        if let Err(invalid) = &config.quirks {
+            return Err(LogError::Invalid(invalid.clone()));
         }
         let log_partitions = ensure_topic(&config).await?;
         let producer = build_producer(&config)?;
@@ -649,16 +701,17 @@ impl Inner {
         self.read_locked(reader, log_partition, from_offset, max, to, decode)
     }
 
-    /// The read loop. Two broker quirks shape it (both seen on tansu 0.6; on
-    /// Apache Kafka neither path is taken):
-    /// - A fetch from an offset inside a multi-record batch returns only the
-    ///   batches that *start* at or after it: the rest of the batch never comes,
-    ///   and no PartitionEOF either. So when nothing arrives for a probe interval,
-    ///   or the first offset that arrives is past the one we need, the read steps
-    ///   back (1, 2, 4, ... offsets) until a batch covers it, skipping what it
-    ///   already has.
-    /// - The end of the log is where a fetch says so (PartitionEOF, or the high
-    ///   watermark of the last fetch response), not ListOffsets.
+    /// The read loop. The end of the log is where a fetch says so
+    /// (PartitionEOF, or the high watermark of the last fetch response).
+    ///
+    /// With [`BrokerQuirks::Tansu`] only: a fetch from an offset inside a
+    /// multi-record batch returns only the batches that *start* at or after it:
+    /// the rest of the batch never comes, and no PartitionEOF either. So when
+    /// nothing arrives for a probe interval, or the first offset that arrives is
+    /// past the one we need, the read steps back (1, 2, 4, ... offsets) until a
+    /// batch covers it, skipping what it already has. A broker that follows the
+    /// protocol returns the whole batch and librdkafka skips the offsets before
+    /// the one asked for, so neither case arises there.
     fn read_locked<T>(
         &self,
         reader: &mut PartitionReader,
@@ -669,6 +722,7 @@ impl Inner {
         decode: Decode<T>,
     ) -> Result<Vec<(Position, T)>, LogError> {
         let timeout = self.config.request_timeout;
+        let step_back_to_batch = self.config.broker_quirks() == BrokerQuirks::Tansu;
         let deadline = Instant::now() + timeout;
         let mut limit = from_offset.saturating_add(max as u64);
         if let ReadTo::Acknowledged(until) = to {
@@ -706,7 +760,11 @@ impl Inner {
                     {
                         break; // at the end, as the last fetch response says
                     }
-                    if !heard_since_assign && assigned.elapsed() >= READ_PROBE && assigned_at > 0 {
+                    if step_back_to_batch
+                        && !heard_since_assign
+                        && assigned.elapsed() >= READ_PROBE
+                        && assigned_at > 0
+                    {
                         (assigned_at, step_back) =
                             (expected.saturating_sub(step_back), step_back * 2);
                         self.assign(reader, log_partition, assigned_at)?;
@@ -745,7 +803,7 @@ impl Inner {
             if offset < expected {
                 continue; // before what we need: left over, or stepped back over it
             }
-            if offset > expected && assigned_at > 0 {
+            if step_back_to_batch && offset > expected && assigned_at > 0 {
                 // The batch holding `expected` starts before where we assigned.
                 (assigned_at, step_back) = (expected.saturating_sub(step_back), step_back * 2);
                 self.assign(reader, log_partition, assigned_at)?;
@@ -835,15 +893,19 @@ impl Inner {
         Ok(entries)
     }
 
-    /// One past the last entry. The ListOffsets answer is a lower bound: tansu
-    /// 0.6 answers one past the *first* offset of the last record batch; the
-    /// high watermark in fetch responses is exact. So read from it to the end.
+    /// One past the last entry: the high watermark ListOffsets reports. With
+    /// [`BrokerQuirks::Tansu`] that answer is a lower bound (tansu 0.6 answers
+    /// one past the *first* offset of the last record batch) while the high
+    /// watermark in fetch responses is exact, so it reads from there to the end.
     fn end_offset_blocking(&self, log_partition: u32) -> Result<u64, LogError> {
         let mut slot = self.readers[log_partition as usize]
             .lock()
             .expect("reader lock");
         let reader = self.reader(&mut slot)?;
         let listed = self.high_watermark(reader, log_partition)?;
+        if self.config.broker_quirks() != BrokerQuirks::Tansu {
+            return Ok(listed);
+        }
         // One before it is the last batch's first offset on tansu, the last
         // entry on Kafka: a fetch from there sees the true end either way.
         let tail = self.read_locked(
@@ -1171,6 +1233,21 @@ mod tests {
             murmur2_partition(b"abc", 8),
             (479470107u32 & 0x7fff_ffff) % 8
         );
+    }
+
+    #[test]
+    fn broker_quirks_by_name() {
+        let rows: [(&str, Option<BrokerQuirks>); 6] = [
+            ("", Some(BrokerQuirks::None)),
+            ("none", Some(BrokerQuirks::None)),
+            (" tansu\n", Some(BrokerQuirks::Tansu)),
+            ("tansu", Some(BrokerQuirks::Tansu)),
+            ("Tansu", None),
+            ("redpanda", None),
+        ];
+        for (name, expected) in rows {
+            assert_eq!(BrokerQuirks::parse(name).ok(), expected, "{name:?}");
+        }
     }
 
     #[test]

@@ -52,7 +52,7 @@ async fn live_projection_equals_rebuild_on_kafka() {
         .ok()
         .filter(|b| !b.trim().is_empty())
     else {
-        eprintln!("\n*** SKIPPED (no broker): RESERVOIR_TEST_BROKERS is not set (scripts/test starts tansu) ***\n");
+        eprintln!("\n*** SKIPPED (no broker): RESERVOIR_TEST_BROKERS is not set (scripts/test starts Apache Kafka) ***\n");
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -299,7 +299,7 @@ pub fn brokers() -> Option<String> {
                 std::env::var("CI").as_deref() != Ok("true"),
                 "CI=true but RESERVOIR_TEST_BROKERS is not set: the broker test must run in CI"
             );
-            eprintln!("\n*** SKIPPED (no broker): RESERVOIR_TEST_BROKERS is not set (scripts/test starts tansu) ***\n");
+            eprintln!("\n*** SKIPPED (no broker): RESERVOIR_TEST_BROKERS is not set (scripts/test starts Apache Kafka) ***\n");
             None
         }
     }

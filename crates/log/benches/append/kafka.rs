@@ -4,7 +4,7 @@
 //! key, headers, explicit partition) and awaiting every delivery — to the same
 //! broker, in the same run, alternating (ratio: median of the per-run
 //! ratios). The broker is `RESERVOIR_TEST_BROKERS`
-//! (`eval "$(scripts/tansu start)"`); without it there are no Kafka rows.
+//! (`eval "$(scripts/kafka start)"`); without it there are no Kafka rows.
 
 use std::time::{Duration, Instant};
 
@@ -129,10 +129,19 @@ async fn raw_run(brokers: &str, batch: usize) -> f64 {
     rate(total, start.elapsed())
 }
 
+/// Which broker the rows ran on: `RESERVOIR_TEST_BROKER` as scripts/test
+/// sets it (Apache Kafka unless it says tansu).
+fn broker_label() -> &'static str {
+    match std::env::var("RESERVOIR_TEST_BROKER").as_deref() {
+        Ok("tansu") => "kafka (tansu)",
+        _ => "kafka (Apache Kafka)",
+    }
+}
+
 /// One row per batch size: the Kafka log beside raw rdkafka.
 pub fn rows(batch_sizes: &[usize]) -> Vec<Row> {
     let Ok(brokers) = std::env::var("RESERVOIR_TEST_BROKERS") else {
-        eprintln!("append bench: RESERVOIR_TEST_BROKERS not set, no Kafka rows (eval \"$(scripts/tansu start)\")");
+        eprintln!("append bench: RESERVOIR_TEST_BROKERS not set, no Kafka rows (eval \"$(scripts/kafka start)\")");
         return Vec::new();
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -152,7 +161,7 @@ pub fn rows(batch_sizes: &[usize]) -> Vec<Row> {
                 ratios.push(log_rate / raw_rate);
             }
             Row {
-                log: "kafka (tansu)",
+                log: broker_label(),
                 batch,
                 events_per_sec: median(log),
                 baseline: "raw rdkafka idempotent",

@@ -1,5 +1,6 @@
-//! The Kafka log on a real Kafka-protocol broker (tansu, started by
-//! `scripts/test` and found through `RESERVOIR_TEST_BROKERS`), and on rdkafka's
+//! The Kafka log on a real Kafka-protocol broker (Apache Kafka, started by
+//! `scripts/test`, or tansu with `RESERVOIR_TEST_BROKER=tansu`; found through
+//! `RESERVOIR_TEST_BROKERS`), and on rdkafka's
 //! `MockCluster` for faults a real broker cannot be made to show on demand.
 //!
 //! - `log_suite!` instantiation: the behaviours every `EventLog` shows.
@@ -10,7 +11,7 @@
 //! - Faults (MockCluster): broker down mid-batch, produce/fetch request errors
 //!   and timeouts, a leader move.
 //!
-//! Every test uses a fresh, uniquely named topic. Without a broker the tansu
+//! Every test uses a fresh, uniquely named topic. Without a broker the broker
 //! tests are skipped loudly, except under `CI=true`, where they fail.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,12 +35,12 @@ pub fn brokers() -> Option<String> {
     match std::env::var("RESERVOIR_TEST_BROKERS") {
         Ok(brokers) if !brokers.trim().is_empty() => Some(brokers),
         _ if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("RESERVOIR_TEST_BROKERS is not set under CI=true: the Kafka log tests need a broker (scripts/test starts tansu)")
+            panic!("RESERVOIR_TEST_BROKERS is not set under CI=true: the Kafka log tests need a broker (scripts/test starts Apache Kafka)")
         }
         _ => {
             eprintln!(
                 "\n*** SKIPPED (no broker): RESERVOIR_TEST_BROKERS is not set. Run scripts/test, or \
-                 `eval \"$(scripts/tansu start)\"` first. ***\n"
+                 `eval \"$(scripts/kafka start)\"` first. ***\n"
             );
             None
         }
@@ -452,9 +453,8 @@ async fn crash_mid_batch_leaves_only_whole_records() {
 }
 
 /// Writes one record of every event type (and a many-event record) to a fresh
-/// two-partition topic, then runs the independent reader on it: returns the log
-/// and what the reader decoded, by (partition, offset).
-async fn independent_read(brokers: &str) -> (KafkaLog, BTreeMap<(u32, u64), serde_json::Value>) {
+/// two-partition topic: returns the writer and the topic.
+async fn every_body_topic(brokers: &str) -> (KafkaLog, String) {
     let topic = unique_topic("independent");
     let log = claimed_writer(config(brokers, &topic, "w-indep", 2)).await;
     let batch: Vec<Record> = fixtures::every_body()
@@ -469,7 +469,13 @@ async fn independent_read(brokers: &str) -> (KafkaLog, BTreeMap<(u32, u64), serd
         .chain([fixtures::record("tenant-many", "w-indep", 1, 1, 7)])
         .collect();
     log.append(batch).await.unwrap();
+    (log, topic)
+}
 
+/// Runs the independent reader on [`every_body_topic`]: returns the log and
+/// what the reader decoded, by (partition, offset).
+async fn independent_read(brokers: &str) -> (KafkaLog, BTreeMap<(u32, u64), serde_json::Value>) {
+    let (log, topic) = every_body_topic(brokers).await;
     let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -478,7 +484,7 @@ async fn independent_read(brokers: &str) -> (KafkaLog, BTreeMap<(u32, u64), serd
     let output = Command::new("python3")
         .args([script, brokers, &topic, &format!("{repo}/schemas")])
         .output()
-        .expect("python3 runs (scripts/setup-tansu installs confluent-kafka and fastavro)");
+        .expect("python3 runs (scripts/setup-kafka installs confluent-kafka and fastavro)");
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(
         output.status.success(),
@@ -575,6 +581,108 @@ async fn independent_client_reproduces_the_schema_fingerprint_header() {
             "{}",
             theirs["subject"]
         );
+    }
+}
+
+/// Where Kafka's own command line tools are (`RESERVOIR_KAFKA_HOME`, the jar
+/// directory `scripts/kafka env` and `scripts/kafka home` export). Missing: a
+/// failure under `CI=true`, a loud skip otherwise, like the broker.
+fn kafka_tools() -> Option<String> {
+    match std::env::var("RESERVOIR_KAFKA_HOME") {
+        Ok(home) if !home.trim().is_empty() => Some(home),
+        _ if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("RESERVOIR_KAFKA_HOME is not set under CI=true: the console consumer test needs Kafka's tools (scripts/test sets it)")
+        }
+        _ => {
+            eprintln!(
+                "\n*** SKIPPED (no Kafka tools): RESERVOIR_KAFKA_HOME is not set. Run scripts/test, or \
+                 `eval \"$(scripts/kafka start)\"` first. ***\n"
+            );
+            None
+        }
+    }
+}
+
+/// Kafka's own console consumer (the stock `kafka-console-consumer`, from the
+/// broker's distribution jars, subscribing with a group like any analytics job)
+/// reads every entry of the topic with its partition, offset, key and headers,
+/// and they are the ones we wrote: a reader needs no Reservoir code to find a
+/// record's partition key, entry kind, event types and schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_console_consumer_reads_keys_and_headers() {
+    let brokers = require_broker!();
+    let Some(home) = kafka_tools() else { return };
+    let (log, topic) = every_body_topic(&brokers).await;
+    let mut expected = BTreeMap::new();
+    for p in 0..log.log_partitions() {
+        for (position, entry) in all_entries(&log, p).await {
+            expected.insert((p, position.offset), entry);
+        }
+    }
+    // Separators no key or header value contains (event types are joined by
+    // commas, the console consumer's default header separator). A header's
+    // name and value are always joined by ':' (our header names have none).
+    let (field, header, header_value) = ("\u{1f}", "\u{1e}", ":");
+    let output = Command::new("java")
+        .args(["-Xmx256m", "-cp", &format!("{home}/*")])
+        .arg("org.apache.kafka.tools.consumer.ConsoleConsumer")
+        .args(["--bootstrap-server", &brokers, "--topic", &topic])
+        .args(["--from-beginning", "--timeout-ms", "30000"])
+        .args(["--max-messages", &expected.len().to_string()])
+        .args(["--group", &format!("{topic}.console")])
+        .args(["--formatter-property", "print.partition=true"])
+        .args(["--formatter-property", "print.offset=true"])
+        .args(["--formatter-property", "print.headers=true"])
+        .args(["--formatter-property", "print.key=true"])
+        .args(["--formatter-property", "print.value=false"])
+        .args(["--formatter-property", &format!("key.separator={field}")])
+        .args([
+            "--formatter-property",
+            &format!("headers.separator={header}"),
+        ])
+        .output()
+        .expect("java runs (Java 17+; scripts/setup-kafka fetches the tools)");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "console consumer failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut seen = BTreeMap::new();
+    for line in stdout.lines() {
+        let fields: Vec<&str> = line.split(field).collect();
+        let [partition, offset, headers, key] = fields[..] else {
+            panic!("unexpected console consumer line {line:?}");
+        };
+        let partition: u32 = partition
+            .strip_prefix("Partition:")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let offset: u64 = offset.strip_prefix("Offset:").unwrap().parse().unwrap();
+        let headers: BTreeMap<String, String> = headers
+            .split(header)
+            .map(|h| {
+                let (name, value) = h.split_once(header_value).expect("name:value");
+                (name.to_string(), value.to_string())
+            })
+            .collect();
+        let previous = seen.insert((partition, offset), (key.to_string(), headers));
+        assert!(previous.is_none(), "{partition}:{offset} printed twice");
+    }
+    assert_eq!(
+        seen.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "the console consumer printed every entry once"
+    );
+    for (at, entry) in &expected {
+        let (key, headers) = &seen[at];
+        assert_eq!(key, &reservoir_log::codec::record_key(entry), "{at:?}");
+        let ours: BTreeMap<String, String> = reservoir_log::codec::headers(entry)
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect();
+        assert_eq!(headers, &ours, "{at:?}");
     }
 }
 
@@ -859,7 +967,7 @@ async fn mock_leader_move_mid_stream_keeps_order_and_acknowledgements() {
 }
 
 // ---------------------------------------------------------------------------
-// The shared suite, on tansu.
+// The shared suite, on the test broker.
 
 /// Opens the same topic as any writer; each harness gets its own fresh topic.
 pub struct KafkaHarness {

@@ -1,14 +1,22 @@
 //! Partition ownership from a Kafka consumer group.
 //!
 //! Every node subscribes one consumer (group `--cluster-group`, client id
-//! `reservoir@<advertised URL>`, eager `range` assignment) to the event topic.
-//! Its rebalance callbacks tell the [`Node`] what it got and what it lost:
-//! revocation runs before librdkafka gives the partitions up (the node stops
-//! deciding at once), assignment after (the node claims and recovers). The
+//! `reservoir@<advertised URL>`) to the event topic, with incremental
+//! (`cooperative-sticky`) assignment: a membership change moves only the
+//! partitions that must move, so only those are claimed and rebuilt, and a
+//! node keeps deciding for the rest throughout the rebalance. (Eager `range`
+//! assignment revoked every partition of every member on each change, and each
+//! was claimed and replayed again.) Its rebalance callbacks tell the [`Node`]
+//! what it got and what it lost, incrementally: revocation runs before
+//! librdkafka gives the partitions up (the node stops deciding at once),
+//! assignment after (the node claims and recovers). With tansu quirks the
+//! eager `range` assignment stays: it is what tansu was tested with. The
 //! consumer never reads records: assigned partitions are paused at once. A
 //! dedicated thread polls it, which serves the callbacks and the heartbeats.
 //!
-//! **tansu 0.6 workaround** ([`watchdog`]): when a member's session expires,
+//! **tansu 0.6 workaround** ([`watchdog`], run only with
+//! `RESERVOIR_BROKER_QUIRKS=tansu`, see
+//! [`reservoir_log::kafka::BrokerQuirks`]): when a member's session expires,
 //! tansu starts a rebalance but, if the survivors rejoin with unchanged member
 //! metadata, its SyncGroup hands back the *previous* generation's assignment,
 //! so the dead member's partitions stay assigned to nobody alive. The watchdog
@@ -16,7 +24,7 @@
 //! `/v1/cluster/node`) holds for longer than twice the session timeout, and the
 //! live node with the smallest id leaves and rejoins the group as a new member,
 //! which makes tansu form a new generation from the leader's fresh assignment.
-//! On Apache Kafka the group reassigns by itself and the watchdog stays idle.
+//! On Apache Kafka the group reassigns by itself; the watchdog does not run.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,6 +33,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, TopicPartitionList};
+use reservoir_log::kafka::BrokerQuirks;
 use tokio::sync::watch;
 
 use super::Node;
@@ -109,6 +118,15 @@ impl Membership {
     }
 }
 
+/// The group's partition assignment: incremental, except on tansu (see the
+/// module docs).
+fn assignment_strategy(node: &Node) -> &'static str {
+    match node.log.config().broker_quirks() {
+        BrokerQuirks::Tansu => "range",
+        BrokerQuirks::None => "cooperative-sticky",
+    }
+}
+
 /// Joins the consumer group and starts the thread that polls it.
 pub fn join(node: Arc<Node>) -> Result<Membership, String> {
     let session_ms = node.cluster.session_timeout.as_millis().max(1_000) as u64;
@@ -132,7 +150,7 @@ pub fn join(node: Arc<Node>) -> Result<Membership, String> {
             "max.poll.interval.ms",
             (session_ms * 2).max(10_000).to_string(),
         )
-        .set("partition.assignment.strategy", "range")
+        .set("partition.assignment.strategy", assignment_strategy(&node))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "latest")

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use reservoir_core::ReservationId;
-use reservoir_log::kafka::{KafkaConfig, KafkaLog};
+use reservoir_log::kafka::{BrokerQuirks, KafkaConfig, KafkaLog};
 use reservoir_log::EventReader;
 
 use crate::config::{ClusterConfig, Config};
@@ -281,7 +281,10 @@ pub async fn run(
     let app = routing::router(node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let gossip = tokio::spawn(status::gossip(node.clone(), stop_rx.clone()));
-    let watchdog = tokio::spawn(membership::watchdog(node.clone(), stop_rx.clone()));
+    // A tansu workaround: on brokers that follow the protocol the group
+    // reassigns a dead member's partitions by itself.
+    let watchdog = (node.log.config().broker_quirks() == BrokerQuirks::Tansu)
+        .then(|| tokio::spawn(membership::watchdog(node.clone(), stop_rx.clone())));
     let member = membership::join(node.clone())?;
     tracing::info!(%addr, node_id = %cluster.node_id, group = %cluster.group, advertise = %cluster.advertise_url, log_partitions = node.log_partitions(), "listening (cluster mode)");
     let served = axum::serve(listener, app)
@@ -293,7 +296,9 @@ pub async fn run(
     let _ = stop_tx.send(true);
     member.leave().await;
     let _ = gossip.await;
-    let _ = watchdog.await;
+    if let Some(watchdog) = watchdog {
+        let _ = watchdog.await;
+    }
     projector.stop().await;
     tracing::info!("stopped");
     served

@@ -322,7 +322,15 @@ async fn dispatch(
         ))
         .into_response();
     }
-    let Some((url, _epoch)) = node.peers.owner_of(p) else {
+    let owner = match node.peers.owner_of(p) {
+        Some(owner) => Some(owner),
+        // Gossip may not have heard of a takeover yet: ask the peers now.
+        None => {
+            status::refresh(node).await;
+            node.peers.owner_of(p)
+        }
+    };
+    let Some((url, _epoch)) = owner else {
         return unavailable(format!("partition {p} has no owner right now; retry")).into_response();
     };
     if hops >= MAX_HOPS {

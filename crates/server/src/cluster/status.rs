@@ -11,7 +11,11 @@
 //! - [`gossip`]: every [`GOSSIP_INTERVAL`] each node reads its peers'
 //!   `/v1/cluster/node`; routing forwards to the peer that reports a partition
 //!   serving with the highest claim epoch, and a peer silent for
-//!   [`PEER_ALIVE_FOR`] counts as down.
+//!   [`PEER_ALIVE_FOR`] counts as down. A request for a partition no known
+//!   peer serves asks the peers again at once ([`refresh`]) before it is
+//!   answered 503: right after a takeover the new owner serves before the next
+//!   gossip round says so. `GET /v1/cluster` keeps what it heard too, so a
+//!   node whose view shows a partition served also routes to its owner.
 //! - [`print`]: `reservoir cluster status`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -99,6 +103,9 @@ struct Peer {
 /// The peers' last reported status.
 pub struct Peers {
     peers: RwLock<Vec<Peer>>,
+    /// When the last on-demand [`refresh`] started; one at a time, and callers
+    /// that waited for a refresh started after they asked reuse its answers.
+    refreshed: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Peers {
@@ -118,6 +125,7 @@ impl Peers {
             .collect();
         Peers {
             peers: RwLock::new(peers),
+            refreshed: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -297,23 +305,39 @@ pub async fn gossip(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let asks = node.peers.urls().into_iter().map(|url| {
-            let http = node.http.clone();
-            async move {
-                let result = fetch(&http, &url, false, PEER_TIMEOUT).await;
-                (url, result)
-            }
+        ask_peers(&node).await;
+    }
+}
+
+/// One round: every peer's status, asked now and recorded.
+async fn ask_peers(node: &Node) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for url in node.peers.urls() {
+        let http = node.http.clone();
+        tasks.spawn(async move {
+            let result = fetch(&http, &url, false, PEER_TIMEOUT).await;
+            (url, result)
         });
-        let mut tasks = tokio::task::JoinSet::new();
-        for ask in asks {
-            tasks.spawn(ask);
-        }
-        while let Some(done) = tasks.join_next().await {
-            if let Ok((url, result)) = done {
-                node.peers.record(&url, result);
-            }
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Ok((url, result)) = done {
+            node.peers.record(&url, result);
         }
     }
+}
+
+/// Asks the peers now, outside the gossip rhythm (a request found no owner).
+/// At most one round at a time; a caller that waited while a round started
+/// after it asked takes that round's answers instead of starting another, so a
+/// burst of requests during a takeover costs one round, not one each.
+pub async fn refresh(node: &Node) {
+    let asked = Instant::now();
+    let mut last = node.peers.refreshed.lock().await;
+    if last.is_some_and(|started| started >= asked) {
+        return;
+    }
+    *last = Some(Instant::now());
+    ask_peers(node).await;
 }
 
 /// `GET /v1/cluster`: this node and every peer, asked now.
@@ -339,6 +363,9 @@ pub async fn cluster(node: &Node) -> ClusterView {
     }
     for (url, result) in answers {
         let (last_ok, old_error) = node.peers.view(&url).unwrap_or((None, None));
+        // Routing then knows what this view shows (the offsets do not matter
+        // to it).
+        node.peers.record(&url, result.clone());
         nodes.push(match result {
             Ok(status) => NodeView {
                 url,

@@ -1,4 +1,4 @@
-//! Cluster mode on a Kafka-protocol broker (tansu in `scripts/test`): three
+//! Cluster mode on a Kafka-protocol broker (Apache Kafka in `scripts/test`): three
 //! `reservoir` processes on loopback share one topic through a consumer group.
 //! One scenario, in steps: the nodes split the partitions and any node answers
 //! for any partition; a SIGKILLed node's partitions are taken over with every
@@ -58,6 +58,15 @@ fn free_port() -> u16 {
 /// for the requests it received while paused to reach its writers and the log.
 const N2_LOST_REVOKE_DELAY_MS: &str = "3000";
 
+/// The `reservoir` binary the nodes run: cargo's, or `RESERVOIR_TEST_SERVER_BIN`
+/// when set. Checkouts that share one target directory (worktrees of this
+/// repository) share its `release/reservoir` too, and the last build wins; a
+/// repeated run pins its own copy with the variable.
+fn server_bin() -> String {
+    std::env::var("RESERVOIR_TEST_SERVER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_reservoir").to_string())
+}
+
 fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
     let data = tempfile::tempdir().unwrap();
     let delay = if id == "n2" {
@@ -65,7 +74,7 @@ fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> N
     } else {
         "0"
     };
-    let child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
+    let child = Command::new(server_bin())
         .args([
             "serve",
             "--log",
@@ -145,6 +154,21 @@ async fn wait_served(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     panic!("partitions not served by {owners:?} in {timeout:?}: {last:#}");
+}
+
+/// [`wait_served`] as seen by every node in `bases`: a node routes by its own
+/// view, so a test that reads through a node waits for that node's view, not
+/// only another's.
+async fn wait_served_by_all(
+    http: &reqwest::Client,
+    bases: &[String],
+    owners: &[&str],
+    every_owner_serves: bool,
+    timeout: Duration,
+) {
+    for base in bases {
+        wait_served(http, base, owners, every_owner_serves, timeout).await;
+    }
 }
 
 /// Posts with retries on 503 and connection errors (same id, as a client would).
@@ -389,9 +413,9 @@ async fn three_nodes_split_route_fail_over_and_fence() {
         .map(|(id, port)| Some(spawn_node(&brokers, &topic, id, port, &peers)))
         .collect();
     let http = client();
-    wait_served(
+    wait_served_by_all(
         &http,
-        &bases[0],
+        &bases,
         &["n1", "n2", "n3"],
         true,
         Duration::from_secs(60),
@@ -445,17 +469,18 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     }
 
     // SIGKILL n3: n1 and n2 take its partitions; everything acknowledged is there.
+    // The reads below go through n2, so wait until n2 (not only n1) sees every
+    // partition served: right after the takeover n1 served a partition n2 still
+    // thought had no owner (a 503 to a read, once in a full run on tansu).
     let killed = nodes[2].take().unwrap();
+    let kill_started = Instant::now();
     drop(killed);
     let live = vec![bases[0].clone(), bases[1].clone()];
-    wait_served(
-        &http,
-        &bases[0],
-        &["n1", "n2"],
-        false,
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_served_by_all(&http, &live, &["n1", "n2"], false, Duration::from_secs(60)).await;
+    eprintln!(
+        "cluster: takeover after SIGKILL of n3 took {:.1} s (session timeout {SESSION_TIMEOUT_MS} ms)",
+        kill_started.elapsed().as_secs_f64()
+    );
     for (id, (state, _)) in &acked {
         let (s, r) = split(
             http.get(format!("{}/v1/reservations/{id}", bases[1]))
@@ -568,14 +593,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
         zombie_answers.push((id, status));
     }
     // n2 rejoins and gets partitions again; the cluster serves everything.
-    wait_served(
-        &http,
-        &bases[0],
-        &["n1", "n2"],
-        false,
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_served_by_all(&http, &live, &["n1", "n2"], false, Duration::from_secs(60)).await;
     let ids: Vec<String> = (0..12).map(|i| format!("d-{i}")).collect();
     cycles(&http, &live, &ids, &mut acked).await;
 
@@ -645,8 +663,9 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     }
 }
 
-/// `docker-compose.yml` parses, has Kafka in KRaft mode and two nodes whose
-/// commands the real `reservoir` command line accepts in cluster mode.
+/// `docker-compose.yml` parses, has Kafka in KRaft mode (the test broker's
+/// version and settings) and two nodes whose commands the real `reservoir`
+/// command line accepts in cluster mode.
 #[test]
 fn docker_compose_uses_the_real_flags() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docker-compose.yml");
@@ -659,6 +678,42 @@ fn docker_compose_uses_the_real_flags() {
         kafka["environment"]["KAFKA_PROCESS_ROLES"].as_str(),
         Some("broker,controller"),
         "KRaft mode"
+    );
+    // The same broker as the tests: version from scripts/kafka-broker/pom.xml,
+    // and every setting scripts/kafka gives the test broker (except the ones
+    // naming its ports and directories).
+    let scripts = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts");
+    let pom = std::fs::read_to_string(format!("{scripts}/kafka-broker/pom.xml")).unwrap();
+    let version = pom
+        .split_once("<kafka.version>")
+        .and_then(|(_, rest)| rest.split_once("</kafka.version>"))
+        .expect("kafka.version in the pom")
+        .0;
+    assert_eq!(
+        kafka["image"].as_str(),
+        Some(format!("apache/kafka:{version}").as_str()),
+        "the Kafka the tests run"
+    );
+    let script = std::fs::read_to_string(format!("{scripts}/kafka")).unwrap();
+    let settings = script
+        .split_once("<<PROPS\n")
+        .and_then(|(_, rest)| rest.split_once("\nPROPS\n"))
+        .expect("the broker settings in scripts/kafka")
+        .0;
+    let mut compared = 0;
+    for line in settings.lines().filter(|line| !line.contains('$')) {
+        let (key, value) = line.split_once('=').expect("key=value");
+        let variable = format!("KAFKA_{}", key.replace('.', "_").to_uppercase());
+        assert_eq!(
+            kafka["environment"][variable.as_str()].as_str(),
+            Some(value),
+            "docker-compose.yml sets {variable} as scripts/kafka sets {key}"
+        );
+        compared += 1;
+    }
+    assert!(
+        compared >= 10,
+        "read the settings of scripts/kafka ({compared})"
     );
     let mut nodes = 0;
     for (name, service) in services {

@@ -1,4 +1,4 @@
-//! `reservoir serve --log kafka`: one node on a Kafka-protocol broker (tansu in
+//! `reservoir serve --log kafka`: one node on a Kafka-protocol broker (Apache Kafka in
 //! `scripts/test`). Runs when `RESERVOIR_TEST_BROKERS` names a broker; under
 //! `CI=true` a missing broker is a failure, not a skip.
 
@@ -18,7 +18,7 @@ pub(crate) fn brokers() -> Option<String> {
         }
         _ => {
             eprintln!(
-                "skipping: RESERVOIR_TEST_BROKERS not set (scripts/test starts a tansu broker)"
+                "skipping: RESERVOIR_TEST_BROKERS not set (scripts/test starts Apache Kafka)"
             );
             None
         }
