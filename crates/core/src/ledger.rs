@@ -238,12 +238,57 @@ impl Ledger {
     }
 
     /// Left-hand side of the equation, in u128 so the check itself cannot overflow.
+    ///
+    /// Spelled out rather than `side_sum(Side::Source)`: this runs several
+    /// times per event on the write path. The destructuring names every field,
+    /// so a new term cannot be added without placing it here, and a test
+    /// checks both sides against [`Ledger::side_sum`] over [`Term::ALL`].
     pub fn sources(&self) -> u128 {
-        self.side_sum(Side::Source)
+        let Ledger {
+            opening_units,
+            minted_units,
+            reminted_units,
+            moved_in_units,
+            overdraft_issued_units,
+            available_units: _,
+            reserved_units: _,
+            spent_units: _,
+            retired_for_emergency_units: _,
+            overdraft_repaid_units: _,
+            moved_out_units: _,
+            debt_moved_in_units: _,
+            debt_moved_out_units: _,
+        } = *self;
+        u128::from(opening_units)
+            + u128::from(minted_units)
+            + u128::from(reminted_units)
+            + u128::from(moved_in_units)
+            + u128::from(overdraft_issued_units)
     }
 
+    /// Right-hand side of the equation (see [`Ledger::sources`]).
     pub fn destinations(&self) -> u128 {
-        self.side_sum(Side::Destination)
+        let Ledger {
+            opening_units: _,
+            minted_units: _,
+            reminted_units: _,
+            moved_in_units: _,
+            overdraft_issued_units: _,
+            available_units,
+            reserved_units,
+            spent_units,
+            retired_for_emergency_units,
+            overdraft_repaid_units,
+            moved_out_units,
+            debt_moved_in_units: _,
+            debt_moved_out_units: _,
+        } = *self;
+        u128::from(available_units)
+            + u128::from(reserved_units)
+            + u128::from(spent_units)
+            + u128::from(retired_for_emergency_units)
+            + u128::from(overdraft_repaid_units)
+            + u128::from(moved_out_units)
     }
 
     /// Outstanding debt; `None` only if the terms are inconsistent.

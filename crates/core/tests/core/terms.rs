@@ -75,4 +75,16 @@ fn sources_destinations_and_debt_cover_all_13() {
     assert_eq!(l.sources(), 1 + 2 + 3 + 4 + 5);
     assert_eq!(l.destinations(), 6 + 7 + 8 + 9 + 10 + 11);
     assert_eq!(l.side_sum(Side::Debt), 12 + 13);
+    // The hand-written fast sums agree with the list, term by term: each term
+    // alone counts on its own side only.
+    for term in Term::ALL {
+        let mut one = Ledger::default();
+        *one.get_mut(term) = 1;
+        assert_eq!(one.sources(), one.side_sum(Side::Source), "{term}");
+        assert_eq!(
+            one.destinations(),
+            one.side_sum(Side::Destination),
+            "{term}"
+        );
+    }
 }
