@@ -8,7 +8,11 @@
 //!   after the log acknowledged; a failed append undoes the batch (503, retryable).
 //! - [`recovery`]: rebuilds the shards from the log before the server is ready.
 //! - [`sweeper`]: lease expiry, hard execution limit and refill, by sending commands.
-//! - [`api`]: the axum routes, problem+json errors ([`problem`]) and the OpenAPI document.
+//! - [`api`]: the command routes, problem+json errors ([`problem`]) and the
+//!   OpenAPI document; [`views`]: what they answer; [`app`]: the state every
+//!   handler shares.
+//! - [`clock`]: the only source of time; [`sizing`]: how a reserve without
+//!   units is sized, behind the `Sizer` the writer calls.
 //! - [`queries`]: the read side: a projector following the same log into
 //!   `<data-dir>/projections`, and the query endpoints over it (`?min_position=`).
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
@@ -19,7 +23,9 @@
 //!   following a Kafka topic or a running server's embedded log read-only.
 //!
 //! [`start`] runs a server on any [`EventLog`] until its shutdown future resolves;
-//! the binary passes SIGTERM/Ctrl-C, tests pass a channel.
+//! the binary passes SIGTERM/Ctrl-C, tests pass a channel; [`start_with_clock`]
+//! the same on a given clock. `README.md` beside `src/` follows one reserve
+//! through these modules, hop by hop.
 
 pub mod api;
 pub mod app;
