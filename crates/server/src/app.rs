@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use metrics_exporter_prometheus::PrometheusHandle;
-use reservoir_core::{PartitionKey, ReservationId};
 
 use crate::problem::ApiError;
 use crate::queries::QueryHandle;
@@ -61,11 +60,6 @@ impl AppState {
 
     pub fn queries(&self) -> &QueryHandle {
         &self.inner.queries
-    }
-
-    /// The partition holding reservation `id`, as the writers know it.
-    pub fn locate(&self, id: &ReservationId) -> Option<PartitionKey> {
-        self.writers().ok()?.locate(id)
     }
 
     /// What the writers size reserves with: this process's estimator settings
