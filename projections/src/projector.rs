@@ -33,7 +33,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reservoir_core::{try_apply, Event, EventBody, PartitionKey, ReservationId, Usage};
+use reservoir_core::{
+    try_apply_evicting, Event, EventBody, PartitionKey, Reservation, ReservationId, Usage,
+};
 use reservoir_log::fence::{valid_records, Validity};
 use reservoir_log::{Claim, EventReader, LogEntry, Position, Record};
 use rocksdb::{WriteBatch, WriteOptions, DB};
@@ -346,9 +348,12 @@ impl<L: EventReader> Projector<L> {
     }
 }
 
-/// A partition's stored projection: its head from PARTITIONS plus its
-/// reservation records from RESERVATIONS (the head is stored without them, so a
-/// step writes what it touched, not the whole partition).
+/// A partition's stored projection: its head from PARTITIONS plus the
+/// reservation records it holds in memory from RESERVATIONS (the head is
+/// stored without them, so a step writes what it touched, not the whole
+/// partition): the open ones and the finished ones inside the idempotency
+/// window, as `reservoir_core::retention` keeps them. Reads every record of
+/// the partition once (a prefix scan) to pick them.
 pub fn stored_partition(
     db: &DB,
     key: &PartitionKey,
@@ -360,17 +365,16 @@ pub fn stored_partition(
         .cf_handle(store::RESERVATIONS)
         .ok_or_else(|| store::store_error("missing column family reservations"))?;
     let mode = rocksdb::IteratorMode::From(prefix.as_bytes(), rocksdb::Direction::Forward);
+    let mut records = Vec::new();
     for item in db.iterator_cf(&cf, mode) {
         let (k, v) = item.map_err(store::store_error)?;
         if !k.starts_with(prefix.as_bytes()) {
             break;
         }
         let record: ReservationRecord = store::decode(store::RESERVATIONS, &k, &v)?;
-        stored
-            .partition
-            .reservations
-            .insert(record.reservation.id.clone(), record.reservation);
+        records.push(record.reservation);
     }
+    reservoir_core::retention::restore_in_memory(&mut stored.partition, records);
     Ok(stored)
 }
 
@@ -394,6 +398,9 @@ struct Work {
     /// Balance of each touched partition before the step (for roll-up deltas).
     old_balances: BTreeMap<PartitionKey, Option<PartitionBalance>>,
     reservations: BTreeSet<(PartitionKey, ReservationId)>,
+    /// Records that left the partitions' memory in this step (see
+    /// `reservoir_core::retention`); the projection keeps every record.
+    evicted: HashMap<(PartitionKey, ReservationId), Reservation>,
     /// Reservations created in this step: their id goes into the index.
     created: BTreeSet<(PartitionKey, ReservationId)>,
     digests: BTreeMap<String, RollingDigest>,
@@ -461,9 +468,12 @@ impl Work {
             let proj = partitions
                 .get_mut(&key)
                 .expect("a touched partition is cached");
+            // Nor its finished queue: rebuilt from the records on load.
             let reservations = std::mem::take(&mut proj.partition.reservations);
+            let finished = std::mem::take(&mut proj.partition.finished);
             self.put(store::PARTITIONS, pkey.clone(), encode(&*proj));
             proj.partition.reservations = reservations;
+            proj.partition.finished = finished;
             let proj = &partitions[&key];
             let new = PartitionBalance::of(proj);
             if let Some(new) = &new {
@@ -492,12 +502,14 @@ impl Work {
         for ((cf, key), rollup) in rollups {
             self.put(cf, key, encode(&rollup));
         }
+        let mut evicted = std::mem::take(&mut self.evicted);
         for (key, id) in std::mem::take(&mut self.reservations) {
-            let reservation = partitions[&key]
-                .partition
-                .reservation(&id)
-                .expect("a touched reservation exists")
-                .clone();
+            let reservation = match partitions[&key].partition.reservation(&id) {
+                Some(r) => r.clone(),
+                None => evicted
+                    .remove(&(key.clone(), id.clone()))
+                    .expect("a touched reservation is in memory or left it in this step"),
+            };
             let record = ReservationRecord {
                 key: key.clone(),
                 reservation,
@@ -556,7 +568,17 @@ fn apply_record(
             EventBody::PartitionOpened { key: opened, .. } if opened != key => {
                 Err("PartitionOpened names another partition than its record".to_string())
             }
-            _ => try_apply(&mut proj.partition, event).map_err(|e| e.to_string()),
+            _ => {
+                let mut evicted = Vec::new();
+                let applied = try_apply_evicting(&mut proj.partition, event, &mut evicted)
+                    .map_err(|e| e.to_string());
+                // Left memory, not the projection: a record touched earlier in
+                // this step is still written from here.
+                for r in evicted {
+                    work.evicted.insert((key.clone(), r.id.clone()), r);
+                }
+                applied
+            }
         };
         if let Err(error) = result {
             let finding = Finding {

@@ -26,7 +26,12 @@
 
 use rustc_hash::FxHashMap;
 
-use reservoir_core::{try_apply, Event, EventBody, Ledger, Partition, PartitionKey};
+use std::collections::BTreeMap;
+
+use reservoir_core::{
+    try_apply_evicting, Event, EventBody, Ledger, Partition, PartitionKey, Reservation,
+    ReservationId,
+};
 use reservoir_log::fence::{Validity, Verdict};
 use reservoir_log::{LogEntry, Position, Record};
 use serde::Serialize;
@@ -79,6 +84,10 @@ pub struct PartState {
     skipped_through: u64,
     pub skipped_events: u64,
     pub first_finding: Option<Finding>,
+    /// Records that left the partition's memory (its idempotency window
+    /// passed, `reservoir_core::retention`): an audit keeps every record, and
+    /// sees a second reservation under an id that left memory.
+    pub retired: BTreeMap<ReservationId, Reservation>,
 }
 
 impl PartState {
@@ -264,7 +273,18 @@ impl<'f> Engine<'f> {
                 EventBody::PartitionOpened { key, .. } if *key != record.key => {
                     Err("PartitionOpened names another partition than its record".to_string())
                 }
-                _ => try_apply(&mut state.partition, event).map_err(|e| e.to_string()),
+                EventBody::Reserved { id, .. } if state.retired.contains_key(id) => Err(format!(
+                    "reservation {id} created twice (the first had left memory)"
+                )),
+                _ => {
+                    let mut evicted = Vec::new();
+                    let applied = try_apply_evicting(&mut state.partition, event, &mut evicted)
+                        .map_err(|e| e.to_string());
+                    for r in evicted {
+                        state.retired.insert(r.id.clone(), r);
+                    }
+                    applied
+                }
             };
             let refused = match result {
                 Ok(()) => {

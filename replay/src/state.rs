@@ -34,8 +34,11 @@ use crate::Stop;
 pub type Entry = (String, Vec<u8>);
 
 /// The projector's view of a replayed partition (what `PartitionBalance::of`
-/// reads). A partition with findings is marked quarantined with its first one.
-pub fn projection_of(key: &reservoir_core::PartitionKey, s: PartState) -> PartitionProjection {
+/// reads), holding every record (the retired ones too: the projection keeps
+/// them all). A partition with findings is marked quarantined with its first one.
+pub fn projection_of(key: &reservoir_core::PartitionKey, mut s: PartState) -> PartitionProjection {
+    let retired = std::mem::take(&mut s.retired);
+    s.partition.reservations.extend(retired);
     PartitionProjection {
         partition: s.partition,
         opened_at_ms: s.opened_at_ms,

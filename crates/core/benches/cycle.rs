@@ -3,22 +3,23 @@
 //!
 //! `cargo bench -p reservoir-core --bench cycle`. Throughput is in commands (three
 //! per cycle). Commands are built before the timed loop; the partition is swapped
-//! for a freshly opened one (untimed) every `pool` cycles, well below
-//! `MAX_RESERVATIONS_PER_PARTITION`, so the record map holds 0..pool records
-//! (terminal records stay: they are the idempotency window). Lookups in that map
-//! dominate the profile, so the main variant uses a realistic 100,000.
+//! for a freshly opened one (untimed) every `pool` cycles, so the record map
+//! holds 0..pool records (finished records stay for the idempotency window,
+//! the policy's default 10 minutes, capped at
+//! `MAX_FINISHED_IN_MEMORY_PER_PARTITION`). Lookups in that map dominate the
+//! profile, so the main variant uses a realistic 100,000.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use reservoir_core::partition::MAX_RESERVATIONS_PER_PARTITION;
 use reservoir_core::policy::MAX_UNITS;
+use reservoir_core::retention::MAX_FINISHED_IN_MEMORY_PER_PARTITION;
 use reservoir_core::*;
 
 const POOL: usize = 100_000;
 const SMALL_POOL: usize = 10_000;
-const _: () = assert!(POOL < MAX_RESERVATIONS_PER_PARTITION);
+const _: () = assert!(POOL <= MAX_FINISHED_IN_MEMORY_PER_PARTITION);
 
 fn policy(refill_units_per_ms: Units) -> Policy {
     Policy {

@@ -7,12 +7,12 @@
 use crate::command::Command;
 use crate::event::{Event, EventBody, RefusalReason};
 use crate::partition::{
-    ledger_effect, Partition, MAX_MOVES_PER_PARTITION, MAX_RESERVATIONS_PER_PARTITION,
-    MAX_SHARDS_PER_PARTITION,
+    ledger_effect, Partition, MAX_MOVES_PER_PARTITION, MAX_SHARDS_PER_PARTITION,
 };
 use crate::policy::{EmergencyMode, Policy, MAX_UNITS};
 use crate::rejection::{InvalidInput, Rejection, Transition};
 use crate::reservation::{Reservation, ReservationState, ShadowVerdict};
+use crate::retention::MAX_OPEN_RESERVATIONS_PER_PARTITION;
 use crate::types::{ReservationId, TimestampMs, Units};
 use crate::usage::Usage;
 
@@ -21,6 +21,36 @@ type Decision = Result<Vec<EventBody>, Rejection>;
 /// Decides `command` against `partition` at `now_ms`.
 pub fn decide(
     partition: &Partition,
+    command: &Command,
+    now_ms: TimestampMs,
+) -> Result<Vec<Event>, Rejection> {
+    decide_with(partition, None, command, now_ms)
+}
+
+/// Decides a command about a reservation whose record has left the
+/// partition's memory ([`crate::retention`]), against that record as the
+/// writer kept it on disk. The record is finished, so the answer is always
+/// "already done" (`Ok(vec![])`, answered from the record) or a rejection,
+/// exactly as while it was in memory: never an event, never a second
+/// reservation under the same id.
+pub fn decide_retired(
+    partition: &Partition,
+    retired: &Reservation,
+    command: &Command,
+    now_ms: TimestampMs,
+) -> Result<Vec<Event>, Rejection> {
+    assert!(
+        retired.state.is_terminal() && command.reservation_id() == Some(&retired.id),
+        "a retired record is finished and named by the command"
+    );
+    let events = decide_with(partition, Some(retired), command, now_ms)?;
+    assert!(events.is_empty(), "a finished record takes no more events");
+    Ok(events)
+}
+
+fn decide_with(
+    partition: &Partition,
+    retired: Option<&Reservation>,
     command: &Command,
     now_ms: TimestampMs,
 ) -> Result<Vec<Event>, Rejection> {
@@ -38,7 +68,8 @@ pub fn decide(
                 .policy
                 .as_ref()
                 .ok_or(Rejection::PartitionNotOpen)?;
-            decide_open(partition, policy, command, now_ms)
+            let records = Records { partition, retired };
+            decide_open(&records, policy, command, now_ms)
         }
     }?;
     // The amounts are valid one by one; here their sums with the ledger terms are
@@ -144,9 +175,23 @@ fn open(partition: &Partition, key: &crate::types::PartitionKey, policy: &Policy
     }
 }
 
-fn record<'a>(partition: &'a Partition, id: &ReservationId) -> Result<&'a Reservation, Rejection> {
-    partition
-        .reservation(id)
+/// The records a decision may read: the partition's, and a retired one.
+struct Records<'a> {
+    partition: &'a Partition,
+    retired: Option<&'a Reservation>,
+}
+
+impl<'a> Records<'a> {
+    fn get(&self, id: &ReservationId) -> Option<&'a Reservation> {
+        self.partition
+            .reservation(id)
+            .or(self.retired.filter(|r| r.id == *id))
+    }
+}
+
+fn record<'a>(records: &Records<'a>, id: &ReservationId) -> Result<&'a Reservation, Rejection> {
+    records
+        .get(id)
         .ok_or_else(|| Rejection::UnknownReservation { id: id.clone() })
 }
 
@@ -159,11 +204,12 @@ fn wrong_state(r: &Reservation, transition: Transition) -> Rejection {
 }
 
 fn decide_open(
-    partition: &Partition,
+    records: &Records<'_>,
     policy: &Policy,
     command: &Command,
     now: TimestampMs,
 ) -> Decision {
+    let partition = records.partition;
     match command {
         Command::OpenPartition { .. } => unreachable!("handled by decide"),
         Command::Reserve {
@@ -179,7 +225,7 @@ fn decide_open(
                 }
                 .into());
             }
-            if let Some(existing) = partition.reservation(id) {
+            if let Some(existing) = records.get(id) {
                 return if existing.digest == *digest {
                     Ok(vec![])
                 } else {
@@ -191,10 +237,12 @@ fn decide_open(
                     generation: policy.generation,
                 });
             }
-            if partition.reservations.len() >= MAX_RESERVATIONS_PER_PARTITION {
-                return Err(Rejection::LimitReached {
-                    what: "reservations",
-                    limit: MAX_RESERVATIONS_PER_PARTITION,
+            if partition.open_reservations >= MAX_OPEN_RESERVATIONS_PER_PARTITION {
+                // By a lease from now every reservation unstarted now has been
+                // released, started or expired.
+                return Err(Rejection::OpenReservationsLimit {
+                    limit: MAX_OPEN_RESERVATIONS_PER_PARTITION,
+                    retry_after_ms: policy.hold_ttl_ms,
                 });
             }
             let refill = pending_refill(partition, policy, now);
@@ -221,7 +269,7 @@ fn decide_open(
             Ok(refill.into_iter().chain([reserved]).collect())
         }
         Command::Start { id, operation_id } => {
-            let r = record(partition, id)?;
+            let r = record(records, id)?;
             match (&r.operation_id, r.state) {
                 (Some(bound), _) if bound == operation_id => Ok(vec![]),
                 (Some(_), _) => Err(Rejection::ExistsWithDifferentOperationId { id: id.clone() }),
@@ -257,7 +305,7 @@ fn decide_open(
                 }
                 .into());
             }
-            let r = record(partition, id)?;
+            let r = record(records, id)?;
             if let (Some(given), Some(bound)) = (operation_id, &r.operation_id) {
                 if given != bound {
                     return Err(Rejection::ExistsWithDifferentOperationId { id: id.clone() });
@@ -294,7 +342,7 @@ fn decide_open(
             }
         }
         Command::Release { id } => {
-            let r = record(partition, id)?;
+            let r = record(records, id)?;
             match r.state {
                 ReservationState::Released => Ok(vec![]),
                 ReservationState::Reserved => Ok(vec![EventBody::Released {
@@ -305,7 +353,7 @@ fn decide_open(
             }
         }
         Command::Expire { id } => {
-            let r = record(partition, id)?;
+            let r = record(records, id)?;
             match r.state {
                 ReservationState::Expired => Ok(vec![]),
                 // A log cut between ExpiryBegan and Expired (an older writer, a
@@ -329,7 +377,7 @@ fn decide_open(
             }
         }
         Command::MarkUsageUnknown { id } => {
-            let r = record(partition, id)?;
+            let r = record(records, id)?;
             match (r.state, r.execution_deadline_ms) {
                 (ReservationState::UsageUnknown, _) => Ok(vec![]),
                 (ReservationState::Started, Some(due)) if now < due => Err(Rejection::NotYetDue {

@@ -13,6 +13,9 @@
 //! - [`decide`] turns a [`Command`] into [`Event`]s or a [`Rejection`];
 //!   [`apply`] folds an event into state and is the only code that mutates it;
 //!   a [`Savepoint`] takes back events applied speculatively (a failed append).
+//! - [`retention`]: which records stay in memory (open ones, and finished ones
+//!   for the policy's idempotency window); [`decide_retired`] answers a command
+//!   about a record that left memory, from that record.
 //!
 //! After every `apply`, `opening + minted + overdraftIssued = available + reserved
 //! + spent + retiredForEmergency + overdraftRepaid` holds (with the cross-partition
@@ -47,16 +50,17 @@ pub mod partition;
 pub mod policy;
 pub mod rejection;
 pub mod reservation;
+pub mod retention;
 pub mod savepoint;
 pub mod sizing;
 pub mod types;
 pub mod usage;
 
 pub use command::Command;
-pub use decide::{decide, refusal_event};
+pub use decide::{decide, decide_retired, refusal_event};
 pub use event::{Event, EventBody, RefusalReason};
 pub use ledger::{check_moves, ConservationError, Ledger, MoveHalf, ShardLedger, Side, Term};
-pub use partition::{apply, try_apply, ApplyError, Partition};
+pub use partition::{apply, apply_evicting, try_apply, try_apply_evicting, ApplyError, Partition};
 pub use policy::{CapacityUnit, EmergencyMode, Policy, RefillRule};
 pub use rejection::{InvalidInput, Rejection, Transition};
 pub use reservation::{Reservation, ReservationState, ShadowVerdict};

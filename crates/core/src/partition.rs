@@ -8,7 +8,7 @@
 //! gets a typed finding instead of a crash or a half-applied event.
 
 use std::collections::btree_map::Entry;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -19,15 +19,12 @@ use crate::policy::Policy;
 use crate::reservation::{Reservation, ReservationState};
 use crate::types::{MoveId, PartitionKey, ReservationId, ShardId, TimestampMs, Units};
 
-/// Reservation records a partition keeps (open and terminal). Terminal records
-/// are the idempotency window: a retry of any reservation in this partition's
-/// accounting epoch is answered from its record. Roll the epoch to bound it.
-pub const MAX_RESERVATIONS_PER_PARTITION: usize = 1_000_000;
-
-/// Emergency shards issued by one partition.
+/// Emergency shards issued by one partition (over its whole life: a
+/// generation issues shards rarely; publish a new one to issue more).
 pub const MAX_SHARDS_PER_PARTITION: usize = 4_096;
 
-/// Capacity moves recorded by one partition, each direction.
+/// Capacity moves recorded by one partition, each direction (over its whole
+/// life: one per generation switch or epoch roll-over in practice).
 pub const MAX_MOVES_PER_PARTITION: usize = 4_096;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +55,15 @@ pub struct Partition {
     pub key: Option<PartitionKey>,
     pub policy: Option<Policy>,
     pub ledger: Ledger,
+    /// The records in memory: every open reservation, and the finished ones
+    /// still inside the idempotency window (see [`crate::retention`]).
     pub reservations: BTreeMap<ReservationId, Reservation>,
+    /// Finished records in memory, in the order they finished (time, id).
+    #[serde(default)]
+    pub finished: VecDeque<(TimestampMs, ReservationId)>,
+    /// Finished records that have left memory so far.
+    #[serde(default)]
+    pub evicted_reservations: u64,
     /// Reservations in a state that holds capacity.
     pub open_reservations: usize,
     pub refill_anchor_ms: TimestampMs,
@@ -119,8 +124,8 @@ impl Partition {
         self.reservations.get(id)
     }
 
-    /// A copy of everything but the reservation map (which can be large): for
-    /// savepoints and status views.
+    /// A copy of everything but the reservation map and the finished queue
+    /// (both can be large): for savepoints and status views.
     pub fn without_reservations(&self) -> Partition {
         // Destructured field by field: a field added to `Partition` must be
         // named here, so no copy can silently leave part of the state behind.
@@ -129,6 +134,8 @@ impl Partition {
             policy,
             ledger,
             reservations: _,
+            finished: _,
+            evicted_reservations,
             open_reservations,
             refill_anchor_ms,
             refill_remainder,
@@ -146,6 +153,8 @@ impl Partition {
             policy: policy.clone(),
             ledger: *ledger,
             reservations: BTreeMap::new(),
+            finished: VecDeque::new(),
+            evicted_reservations: *evicted_reservations,
             open_reservations: *open_reservations,
             refill_anchor_ms: *refill_anchor_ms,
             refill_remainder: *refill_remainder,
@@ -167,8 +176,28 @@ impl Partition {
 
     /// Full invariant check, including the O(n) sum over open reservations.
     /// Tests call it after every event; `apply` runs the O(1) part itself.
+    ///
+    /// Panics if the record bookkeeping is broken (an open count or a finished
+    /// queue that does not match the records): a bug, never an input error.
     pub fn check_invariants(&self) -> Result<(), ConservationError> {
         self.ledger.check()?;
+        let open = self
+            .reservations
+            .values()
+            .filter(|r| !r.state.is_terminal())
+            .count();
+        assert_eq!(open, self.open_reservations, "open reservation count");
+        assert_eq!(
+            self.finished.len(),
+            self.reservations.len() - open,
+            "finished queue length"
+        );
+        let mut last = 0;
+        for (at, id) in &self.finished {
+            let r = self.reservations.get(id).expect("queued record in memory");
+            assert!(r.state.is_terminal() && r.finished_at_ms == Some(*at) && *at >= last);
+            last = *at;
+        }
         let held: u128 = self
             .reservations
             .values()
@@ -198,9 +227,16 @@ impl Partition {
 
 /// Folds one event into state. Panics if the event is invalid for this state,
 /// which for events produced by `decide` is a bug (TigerBeetle style: a broken
-/// invariant crashes, it is never logged and ignored).
+/// invariant crashes, it is never logged and ignored). Records whose
+/// idempotency window passed leave memory and are dropped; the writer, which
+/// keeps them on disk, calls [`apply_evicting`].
 pub fn apply(partition: &mut Partition, event: &Event) {
-    if let Err(err) = try_apply(partition, event) {
+    apply_evicting(partition, event, &mut Vec::new());
+}
+
+/// [`apply`], handing the records that left memory to `evicted` (oldest first).
+pub fn apply_evicting(partition: &mut Partition, event: &Event, evicted: &mut Vec<Reservation>) {
+    if let Err(err) = try_apply_evicting(partition, event, evicted) {
         panic!("apply failed on sequence {}: {err}", event.sequence);
     }
     // `try_apply` committed only a balanced ledger; checked again on this side
@@ -221,7 +257,20 @@ pub fn apply(partition: &mut Partition, event: &Event) {
 /// is computed in a copy ([`ledger_effect`]) and checked for conservation, and
 /// only then is anything mutated. This is the writer's hot path, so a reservation
 /// is looked up once per event and the check and the mutation share the lookup.
+///
+/// After the event, finished records whose window passed leave memory
+/// ([`crate::retention`]); here they are dropped (see [`try_apply_evicting`]).
 pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
+    try_apply_evicting(p, event, &mut Vec::new())
+}
+
+/// [`try_apply`], handing the records that left memory to `evicted`. On an
+/// error nothing changed and nothing was evicted.
+pub fn try_apply_evicting(
+    p: &mut Partition,
+    event: &Event,
+    evicted: &mut Vec<Reservation>,
+) -> Result<(), ApplyError> {
     let expected = p
         .last_sequence
         .checked_add(1)
@@ -272,6 +321,9 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
         };
         move_record(r, body, to, event.at_ms);
         p.open_reservations = open;
+        if to.is_terminal() {
+            p.finished.push_back((event.at_ms, id.clone()));
+        }
         ledger
     } else {
         check_other(p, body)?;
@@ -282,6 +334,7 @@ pub fn try_apply(p: &mut Partition, event: &Event) -> Result<(), ApplyError> {
     p.ledger = ledger;
     p.last_sequence = event.sequence;
     p.last_at_ms = event.at_ms;
+    crate::retention::evict_due(p, event.at_ms, evicted);
     Ok(())
 }
 

@@ -102,6 +102,16 @@ pub struct Policy {
     /// Record what enforcement would have decided, but admit.
     pub shadow_mode: bool,
     pub generation: u64,
+    /// How long a finished reservation's record stays in the writer's memory
+    /// (ms, > 0). A retry after it is still answered, from the on-disk index;
+    /// see [`crate::retention`]. Policies written before it existed read as
+    /// the default (10 minutes).
+    #[serde(default = "default_idempotency_window_ms")]
+    pub idempotency_window_ms: u64,
+}
+
+fn default_idempotency_window_ms() -> u64 {
+    crate::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS
 }
 
 impl Policy {
@@ -141,6 +151,9 @@ impl Policy {
         if self.hard_execution_limit_ms == 0 || self.hard_execution_limit_ms > MAX_SPAN_MS {
             return bad("hard_execution_limit_ms");
         }
+        if self.idempotency_window_ms == 0 || self.idempotency_window_ms > MAX_SPAN_MS {
+            return bad("idempotency_window_ms");
+        }
         Ok(())
     }
 
@@ -167,6 +180,7 @@ impl Policy {
             emergency_mode: EmergencyMode::Disabled,
             shadow_mode: false,
             generation,
+            idempotency_window_ms: crate::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS,
         }
     }
 

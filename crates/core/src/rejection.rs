@@ -93,6 +93,10 @@ pub enum Rejection {
     PartitionExistsWithDifferentPolicy,
     #[error("limit reached: at most {limit} {what} per partition")]
     LimitReached { what: &'static str, limit: usize },
+    /// [`crate::retention::MAX_OPEN_RESERVATIONS_PER_PARTITION`] reservations
+    /// hold capacity: admitted again as they settle, release or expire.
+    #[error("{limit} open reservations in this partition; retry after {retry_after_ms} ms")]
+    OpenReservationsLimit { limit: usize, retry_after_ms: u64 },
     #[error("emergency shards are disabled by the policy")]
     EmergencyDisabled,
     #[error("shard or move id already used with different fields")]
@@ -125,6 +129,7 @@ impl Rejection {
                 "partition_exists_with_different_policy"
             }
             Rejection::LimitReached { .. } => "limit_reached",
+            Rejection::OpenReservationsLimit { .. } => "open_reservations_limit",
             Rejection::EmergencyDisabled => "emergency_disabled",
             Rejection::ExistsWithDifferentFields => "exists_with_different_fields",
             Rejection::InvalidInput(_) => "invalid_input",
@@ -146,6 +151,7 @@ impl Rejection {
         match self {
             Rejection::InsufficientCapacity { retry_after_ms, .. }
             | Rejection::DebtOutstanding { retry_after_ms, .. } => *retry_after_ms,
+            Rejection::OpenReservationsLimit { retry_after_ms, .. } => Some(*retry_after_ms),
             _ => None,
         }
     }

@@ -22,6 +22,8 @@ mod model;
 mod overdraft;
 #[path = "core/rejections.rs"]
 mod rejections;
+#[path = "core/retention.rs"]
+mod retention;
 #[path = "core/savepoint.rs"]
 mod savepoint;
 #[path = "core/shards_moves.rs"]

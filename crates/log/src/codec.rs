@@ -46,7 +46,7 @@ pub const MAX_EVENTS_PER_RECORD: usize = 4096;
 
 /// Current schema id of `io.reservoir.v1.Envelope` (a [`Record`]). Id 1, the
 /// first version, stays readable: its values decode with `usage`/`sizing` null.
-pub const ENVELOPE_ID: u32 = 6;
+pub const ENVELOPE_ID: u32 = 8;
 /// Current schema id of `io.reservoir.v1.Claim`.
 pub const CLAIM_ID: u32 = 2;
 
@@ -151,6 +151,16 @@ pub const REGISTERED_SCHEMAS: &[(u32, &str)] = &[
     (
         6,
         include_str!("../../../schemas/registered/6-Envelope.avsc"),
+    ),
+    // AdmissionBudget v2 and Envelope v3: AdmissionBudget.idempotencyWindowMs
+    // (default 600000, so every older value reads with 10 minutes).
+    (
+        7,
+        include_str!("../../../schemas/registered/7-AdmissionBudget.avsc"),
+    ),
+    (
+        8,
+        include_str!("../../../schemas/registered/8-Envelope.avsc"),
     ),
 ];
 
@@ -1031,7 +1041,8 @@ fn write_policy(out: &mut Vec<u8>, p: &Policy) -> Result<(), CodecError> {
         },
     );
     put_bool(out, p.shadow_mode);
-    put_u64(out, "generation", p.generation)
+    put_u64(out, "generation", p.generation)?;
+    put_u64(out, "idempotencyWindowMs", p.idempotency_window_ms)
 }
 
 fn shadow_index(v: ShadowVerdict) -> i64 {
@@ -1564,5 +1575,7 @@ fn read_policy(mut f: Fields) -> Result<Policy, CodecError> {
         },
         shadow_mode: f.boolean("AdmissionBudget.shadowMode")?,
         generation: f.u64("AdmissionBudget.generation")?,
+        // Filled with the schema's default for values written before it existed.
+        idempotency_window_ms: f.u64("AdmissionBudget.idempotencyWindowMs")?,
     })
 }

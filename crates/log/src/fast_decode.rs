@@ -367,6 +367,7 @@ impl Reader<'_> {
             },
             shadow_mode: self.boolean()?,
             generation: self.u64()?,
+            idempotency_window_ms: self.u64()?,
         })
     }
 }

@@ -242,6 +242,10 @@ pub struct PolicyDoc {
     emergency_mode: EmergencyModeDoc,
     shadow_mode: bool,
     generation: u64,
+    /// Optional (default 600000 = 10 minutes): how long a finished
+    /// reservation's record stays in memory; retries after it are answered
+    /// from the on-disk idempotency index.
+    idempotency_window_ms: Option<u64>,
 }
 
 #[allow(dead_code)]
@@ -488,7 +492,7 @@ pub async fn reserve(
             e.to_string(),
         )
     })?;
-    let shard = match writers.locate(&id) {
+    let shard = match writers.locate(&id).map_err(ApiError::unavailable)? {
         Some(existing) => writers.shard_of_key(&existing),
         None => writers.shard_of_key(&key),
     };
@@ -558,13 +562,16 @@ fn check_estimator(estimator: &EstimatorBody, policy: &Policy) -> Result<String,
 
 /// The partition holding reservation `id` and its writer shard, or a 404.
 fn locate(writers: &Writers, id: &ReservationId) -> Result<(PartitionKey, usize), ApiError> {
-    let key = writers.locate(id).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_reservation",
-            format!("unknown reservation {id}"),
-        )
-    })?;
+    let key = writers
+        .locate(id)
+        .map_err(ApiError::unavailable)?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_reservation",
+                format!("unknown reservation {id}"),
+            )
+        })?;
     let shard = writers.shard_of_key(&key);
     Ok((key, shard))
 }

@@ -75,8 +75,16 @@ impl AppState {
         &self.inner.metrics
     }
 
+    /// Not ready, and the writers' handle dropped: once the shard tasks end,
+    /// nothing holds the idempotency index open, so a restart in the same
+    /// process can open it again.
     pub fn set_not_ready(&self) {
         self.inner.ready.store(false, Ordering::Release);
+        *self
+            .inner
+            .writers
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     pub fn writers(&self) -> Result<Writers, ApiError> {

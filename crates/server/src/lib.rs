@@ -102,6 +102,9 @@ pub async fn start_with_clock<L: EventLog>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, String> {
     config.validate()?;
+    let retired = Arc::new(writer::RetiredIndex::open(
+        &config.data_dir.join("retired"),
+    )?);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -131,7 +134,9 @@ pub async fn start_with_clock<L: EventLog>(
         loop {
             let started = std::time::Instant::now();
             let recovered =
-                match recovery::recover(&*log, config.writer_shards, snapshot.take()).await {
+                match recovery::recover(&*log, config.writer_shards, snapshot.take(), &retired)
+                    .await
+                {
                     Ok(r) => r,
                     Err(err) => {
                         tracing::error!(%err, "recovery failed; not ready");
@@ -143,6 +148,8 @@ pub async fn start_with_clock<L: EventLog>(
                 records = recovered.records,
                 events = recovered.events,
                 skipped = recovered.skipped_records,
+                evicted = recovered.evicted,
+                in_memory = recovered.index.len(),
                 from_snapshot = recovered.from_snapshot,
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "recovered from the log"
@@ -150,8 +157,10 @@ pub async fn start_with_clock<L: EventLog>(
             let (stop_tx, stop_rx) = watch::channel(false);
             let (fatal_tx, mut fatal_rx) = watch::channel(None::<String>);
             let (in_doubt_tx, mut in_doubt_rx) = watch::channel(None::<String>);
+            telemetry::in_memory_after_recovery(recovered.index.len());
             let index = Arc::new(std::sync::RwLock::new(recovered.index));
             let snapshots = config.snapshot_interval.map(|every| Snapshotter {
+                retired: retired.clone(),
                 log: log.clone(),
                 data_dir: config.data_dir.clone(),
                 writer_id: writer_id.clone(),
@@ -162,6 +171,7 @@ pub async fn start_with_clock<L: EventLog>(
                 log: log.clone(),
                 states: recovered.shards,
                 index,
+                retired: retired.clone(),
                 writer_id: writer_id.clone(),
                 claim_epochs: claim_epochs.clone(),
                 max_batch_commands: config.max_batch_commands,
@@ -272,6 +282,9 @@ pub async fn start_with_clock<L: EventLog>(
 
 /// Writes local snapshots of the writers' state (see [`snapshot`]).
 struct Snapshotter<L> {
+    /// Synced before every snapshot: what a snapshot no longer holds in memory
+    /// must be on disk.
+    retired: Arc<writer::RetiredIndex>,
     log: Arc<L>,
     data_dir: std::path::PathBuf,
     writer_id: String,
@@ -282,6 +295,7 @@ struct Snapshotter<L> {
 impl<L> Clone for Snapshotter<L> {
     fn clone(&self) -> Self {
         Snapshotter {
+            retired: self.retired.clone(),
             log: self.log.clone(),
             data_dir: self.data_dir.clone(),
             writer_id: self.writer_id.clone(),
@@ -365,10 +379,14 @@ impl<L: EventLog> Snapshotter<L> {
         }
         let dir = self.data_dir.clone();
         let started = std::time::Instant::now();
-        let bytes = tokio::task::spawn_blocking(move || snapshot::write(&dir, &snap))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let retired = self.retired.clone();
+        let bytes = tokio::task::spawn_blocking(move || {
+            retired.sync().map_err(std::io::Error::other)?;
+            snapshot::write(&dir, &snap)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
         tracing::info!(
             bytes,
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -6,6 +6,7 @@
 //! | code | status | note |
 //! | --- | --- | --- |
 //! | `insufficient_capacity`, `debt_outstanding` | 429 | `Retry-After` (s, rounded up), `policy_generation`, `limiting_dimension` |
+//! | `open_reservations_limit` | 429 | a million reservations hold capacity in the partition; `Retry-After` = the hold TTL (by then every unstarted one is settled, released or expired) |
 //! | `request_too_large` | 422 | never admissible under this policy: retrying cannot help, so not 429 |
 //! | `exists_with_different_digest` | 422 | same id, other request |
 //! | `invalid_input`, `invalid_request`, `invalid_id` | 422 | well-formed JSON with bad values or unknown fields |
@@ -103,9 +104,9 @@ pub fn capacity_unit_name(u: CapacityUnit) -> &'static str {
 
 fn rejection_status(r: &Rejection) -> StatusCode {
     match r {
-        Rejection::InsufficientCapacity { .. } | Rejection::DebtOutstanding { .. } => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
+        Rejection::InsufficientCapacity { .. }
+        | Rejection::DebtOutstanding { .. }
+        | Rejection::OpenReservationsLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
         Rejection::RequestTooLarge { .. }
         | Rejection::ExistsWithDifferentDigest { .. }
         | Rejection::InvalidInput(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -143,7 +144,8 @@ impl From<Failure> for ApiError {
                     other => other.to_string(),
                 };
                 let mut e = ApiError::new(status, rejection.code(), detail);
-                if rejection.is_admission_refusal() {
+                let limit = matches!(rejection, Rejection::OpenReservationsLimit { .. });
+                if rejection.is_admission_refusal() || limit {
                     e.problem.policy_generation = policy_generation;
                     e.problem.limiting_dimension =
                         capacity_unit.map(|u| capacity_unit_name(u).to_string());

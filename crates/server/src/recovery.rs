@@ -11,15 +11,21 @@
 //! With a [`Snapshot`] (see [`crate::snapshot`]) the shards start from it and
 //! each log partition is read from the snapshot's cut, with the validity state
 //! seeded by the claim in force there. A snapshot ahead of the log is ignored.
+//!
+//! Records that leave memory while the log is replayed (their idempotency
+//! window passed, by the same rule as live) are written to the idempotency
+//! index again, so it holds everything the log says left memory even if the
+//! process died before its own write reached the disk.
 
 use std::collections::HashMap;
 
-use reservoir_core::{try_apply, PartitionKey, ReservationId};
+use reservoir_core::{try_apply_evicting, PartitionKey, ReservationId};
 use reservoir_log::fence::{valid_records, Validity};
 use reservoir_log::{Claim, EventReader, LogEntry};
 
 use crate::snapshot::Snapshot;
-use crate::writer::{shard_of, DueKind, ShardState};
+use crate::writer::retired::RETIRED_WRITE_BATCH;
+use crate::writer::{shard_of, DueKind, Retired, RetiredIndex, ShardState};
 
 /// Entries read from the log per call.
 pub const RECOVERY_READ_BATCH: usize = 4_096;
@@ -31,6 +37,8 @@ pub struct Recovered {
     pub records: u64,
     pub events: u64,
     pub skipped_records: u64,
+    /// Records that left memory during the replay (written to the index).
+    pub evicted: u64,
     /// Whether recovery started from a snapshot.
     pub from_snapshot: bool,
 }
@@ -40,6 +48,7 @@ pub async fn recover<L: EventReader>(
     log: &L,
     shards: usize,
     snapshot: Option<Snapshot>,
+    retired: &RetiredIndex,
 ) -> Result<Recovered, String> {
     if let Some(snapshot) = snapshot {
         let mut usable = true;
@@ -63,16 +72,17 @@ pub async fn recover<L: EventReader>(
             }
         }
         if usable {
-            return replay(log, shards, Some(snapshot)).await;
+            return replay(log, shards, Some(snapshot), retired).await;
         }
     }
-    replay(log, shards, None).await
+    replay(log, shards, None, retired).await
 }
 
 async fn replay<L: EventReader>(
     log: &L,
     shards: usize,
     snapshot: Option<Snapshot>,
+    retired: &RetiredIndex,
 ) -> Result<Recovered, String> {
     let mut out = Recovered {
         shards: (0..shards).map(|_| ShardState::default()).collect(),
@@ -80,8 +90,11 @@ async fn replay<L: EventReader>(
         records: 0,
         events: 0,
         skipped_records: 0,
+        evicted: 0,
         from_snapshot: snapshot.is_some(),
     };
+    let mut evicted = Vec::new();
+    let mut to_write: Vec<Retired> = Vec::new();
     let mut starts: HashMap<u32, (u64, Validity)> = HashMap::new();
     if let Some(snapshot) = snapshot {
         for cut in snapshot.cuts {
@@ -154,7 +167,7 @@ async fn replay<L: EventReader>(
                     if event.sequence <= ps.partition.last_sequence {
                         continue;
                     }
-                    try_apply(&mut ps.partition, event).map_err(|e| {
+                    try_apply_evicting(&mut ps.partition, event, &mut evicted).map_err(|e| {
                         format!(
                             "log partition {log_partition} offset {}: {}: {e}",
                             position.offset, record.key
@@ -169,9 +182,26 @@ async fn replay<L: EventReader>(
                     }
                     shard.note_committed(&record.key, &event.body, position);
                 }
+                for r in evicted.drain(..) {
+                    out.index.remove(&r.id);
+                    let last = shard.forget(&record.key, &r).ok_or_else(|| {
+                        format!(
+                            "{}: evicted record {} has no log position",
+                            record.key, r.id
+                        )
+                    })?;
+                    to_write.push(Retired::new(record.key.clone(), last, r));
+                }
+                if to_write.len() >= RETIRED_WRITE_BATCH {
+                    out.evicted += to_write.len() as u64;
+                    retired.put_all(&to_write)?;
+                    to_write.clear();
+                }
             }
         }
     }
+    out.evicted += to_write.len() as u64;
+    retired.put_all(&to_write)?;
     for shard in &out.shards {
         for (key, ps) in &shard.partitions {
             ps.partition

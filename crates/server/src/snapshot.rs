@@ -25,7 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::writer::{PartitionState, ShardState};
 
-pub const FORMAT: &str = "reservoir.snapshot.v1";
+/// v2: partitions hold only the records in memory (open, and finished inside
+/// the idempotency window) and the finished queue; a v1 file (every record)
+/// is ignored and the log replayed.
+pub const FORMAT: &str = "reservoir.snapshot.v2";
 
 /// Where a log partition's replay resumes, and the claim in force there.
 #[derive(Clone, Debug, Serialize, Deserialize)]

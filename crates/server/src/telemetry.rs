@@ -7,6 +7,11 @@
 //! - `reservoir_batch_commands`, `reservoir_batch_records`: group-commit batch sizes.
 //! - `reservoir_append_seconds`: log append latency; `reservoir_append_failures_total`.
 //! - `reservoir_reservation_efficiency{route}`: settled ÷ reserved, per settlement.
+//! - `reservoir_reservations_in_memory`: records the writers hold (open ones and
+//!   finished ones inside the idempotency window); `reservoir_reservations_evicted_total`:
+//!   records moved to the idempotency index; `reservoir_retired_lookups_total{result}`:
+//!   lookups in that index (`miss` for every new reserve, `hit` for a retry of an
+//!   evicted id).
 
 use std::sync::OnceLock;
 
@@ -63,6 +68,7 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Par
         EventBody::Reserved { .. } => {
             metrics::counter!("reservoir_admissions_total", "route" => key.route.clone())
                 .increment(1);
+            metrics::gauge!("reservoir_reservations_in_memory").increment(1.0);
         }
         EventBody::AdmissionRefused { reason, .. } => {
             let reason = match reason {
@@ -97,4 +103,15 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Par
         }
         _ => {}
     }
+}
+
+/// Records that left the writers' memory for the idempotency index.
+pub fn evicted(records: usize) {
+    metrics::counter!("reservoir_reservations_evicted_total").increment(records as u64);
+    metrics::gauge!("reservoir_reservations_in_memory").decrement(records as f64);
+}
+
+/// Records the writers hold after recovery (the gauge starts there).
+pub fn in_memory_after_recovery(records: usize) {
+    metrics::gauge!("reservoir_reservations_in_memory").set(records as f64);
 }

@@ -210,7 +210,13 @@ pub struct PartitionView {
     pub ledger: LedgerView,
     pub debt_units: u64,
     pub open_reservations: u64,
+    /// Reservations ever made in the partition (in memory plus evicted).
     pub reservations: u64,
+    /// Records the writer holds: the open ones and the finished ones inside
+    /// the idempotency window.
+    pub reservations_in_memory: u64,
+    /// Finished records that left memory for the idempotency index.
+    pub evicted_reservations: u64,
     pub refusals: u64,
 }
 
@@ -234,7 +240,9 @@ impl From<&PartitionStatus> for PartitionView {
             },
             debt_units: p.debt_units(),
             open_reservations: p.open_reservations as u64,
-            reservations: s.reservations as u64,
+            reservations: s.reservations as u64 + p.evicted_reservations,
+            reservations_in_memory: s.reservations as u64,
+            evicted_reservations: p.evicted_reservations,
             refusals: p.refusals,
         }
     }

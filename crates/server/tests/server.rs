@@ -8,6 +8,8 @@
 #[path = "server/support.rs"]
 mod support;
 
+#[path = "server/bounded.rs"]
+mod bounded;
 #[path = "server/clock.rs"]
 mod clock;
 #[path = "server/cluster.rs"]

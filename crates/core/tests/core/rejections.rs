@@ -2,9 +2,8 @@
 
 use std::collections::BTreeSet;
 
-use reservoir_core::partition::{
-    MAX_MOVES_PER_PARTITION, MAX_RESERVATIONS_PER_PARTITION, MAX_SHARDS_PER_PARTITION,
-};
+use reservoir_core::partition::{MAX_MOVES_PER_PARTITION, MAX_SHARDS_PER_PARTITION};
+use reservoir_core::retention::MAX_OPEN_RESERVATIONS_PER_PARTITION;
 use reservoir_core::*;
 
 use crate::harness::*;
@@ -26,12 +25,13 @@ fn variant_code(r: &Rejection) -> &'static str {
         Rejection::PartitionNotOpen => "partition_not_open",
         Rejection::PartitionExistsWithDifferentPolicy => "partition_exists_with_different_policy",
         Rejection::LimitReached { .. } => "limit_reached",
+        Rejection::OpenReservationsLimit { .. } => "open_reservations_limit",
         Rejection::EmergencyDisabled => "emergency_disabled",
         Rejection::ExistsWithDifferentFields => "exists_with_different_fields",
         Rejection::InvalidInput(_) => "invalid_input",
     }
 }
-const VARIANTS: usize = 17;
+const VARIANTS: usize = 18;
 
 pub fn emergency_policy() -> Policy {
     Policy {
@@ -113,6 +113,8 @@ fn every_rejection_code_with_its_exact_value() {
     let got = h.rejected(reserve("a", 1, 1));
     assert_eq!(got, Rejection::PartitionNotOpen);
     covered.insert(got.code());
+    // Hit in `reservation_and_move_limits_are_hit` (a million open records).
+    covered.insert("open_reservations_limit");
     assert_eq!(covered.len(), VARIANTS, "covered: {covered:?}");
 }
 
@@ -170,8 +172,9 @@ fn only_limit_refusals_are_logged_as_admission_refused() {
 /// Every named per-partition limit, hit.
 #[test]
 fn reservation_and_move_limits_are_hit() {
-    // Terminal records count: they are the idempotency window. Built with the bare
-    // decide/apply loop (the harness's O(n) check per event would be quadratic).
+    // Open reservations count, finished ones do not (see tests/core/retention.rs).
+    // Built with the bare decide/apply loop (the harness's O(n) check per event
+    // would be quadratic).
     let policy = Policy {
         burst_units: 2_000_000,
         opening_units: 2_000_000,
@@ -185,22 +188,35 @@ fn reservation_and_move_limits_are_hit() {
     for e in decide(&p, &open, 0).unwrap() {
         apply(&mut p, &e);
     }
-    for i in 0..MAX_RESERVATIONS_PER_PARTITION {
+    for i in 0..MAX_OPEN_RESERVATIONS_PER_PARTITION {
         let cmd = reserve(&format!("r{i}"), 1, 1);
         for e in decide(&p, &cmd, 0).unwrap() {
             apply(&mut p, &e);
         }
     }
     p.check_invariants().unwrap();
+    let limit = decide(&p, &reserve("one-more", 1, 1), 0).unwrap_err();
     assert_eq!(
-        decide(&p, &reserve("one-more", 1, 1), 0),
-        Err(Rejection::LimitReached {
-            what: "reservations",
-            limit: MAX_RESERVATIONS_PER_PARTITION
-        })
+        limit,
+        Rejection::OpenReservationsLimit {
+            limit: MAX_OPEN_RESERVATIONS_PER_PARTITION,
+            retry_after_ms: crate::harness::policy().hold_ttl_ms,
+        }
+    );
+    assert_eq!(
+        limit.retry_after_ms(),
+        Some(crate::harness::policy().hold_ttl_ms)
     );
     // A retry of an existing reservation is still answered.
     assert_eq!(decide(&p, &reserve("r0", 1, 1), 0), Ok(vec![]));
+    // One finishes: the partition admits again.
+    for e in decide(&p, &release("r0"), 0).unwrap() {
+        apply(&mut p, &e);
+    }
+    for e in decide(&p, &reserve("one-more", 1, 1), 0).unwrap() {
+        apply(&mut p, &e);
+    }
+    p.check_invariants().unwrap();
 
     let mut h = Harness::new();
     let to = PartitionKey::new("tenant-7", "chat.generate", "next", 31).unwrap();

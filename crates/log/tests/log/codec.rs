@@ -643,10 +643,11 @@ fn values_under_an_older_id_decode_after_an_evolution() {
     }
 }
 
-/// Records written under Envelope id 1 (before `Settled.usage` and
-/// `Reserved.sizing` existed) still decode, with both `None`: the bytes are
-/// produced by apache-avro under the registered id-1 schema, from the current
-/// value with the new fields taken out.
+/// Records written under Envelope id 1 (before `Settled.usage`,
+/// `Reserved.sizing` and `AdmissionBudget.idempotencyWindowMs` existed) still
+/// decode, with the first two `None` and the window at its default: the bytes
+/// are produced by apache-avro under the registered id-1 schema, from the
+/// current value with the new fields taken out.
 #[test]
 fn id_1_values_decode_with_usage_and_sizing_none() {
     fn strip(v: apache_avro::types::Value) -> apache_avro::types::Value {
@@ -655,7 +656,7 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
             V::Record(fields) => V::Record(
                 fields
                     .into_iter()
-                    .filter(|(n, _)| n != "usage" && n != "sizing")
+                    .filter(|(n, _)| n != "usage" && n != "sizing" && n != "idempotencyWindowMs")
                     .map(|(n, v)| (n, strip(v)))
                     .collect(),
             ),
@@ -682,6 +683,11 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                 }
                 reservoir_core::EventBody::Reserved { sizing, .. } => {
                     with_new_fields += usize::from(sizing.take().is_some())
+                }
+                reservoir_core::EventBody::PartitionOpened { policy, .. } => {
+                    let default = reservoir_core::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS;
+                    with_new_fields += usize::from(policy.idempotency_window_ms != default);
+                    policy.idempotency_window_ms = default;
                 }
                 _ => {}
             }
@@ -798,10 +804,16 @@ fn keys_and_headers() {
     let headers: BTreeMap<_, _> = codec::headers(&entry).into_iter().collect();
     assert_eq!(headers[codec::HEADER_ENTRY_KIND], "record");
     assert_eq!(headers[codec::HEADER_EVENT_TYPES], "Reserved,Released");
-    assert_eq!(headers[codec::HEADER_SCHEMA_ID], "6");
+    assert_eq!(
+        headers[codec::HEADER_SCHEMA_ID],
+        codec::ENVELOPE_ID.to_string()
+    );
     assert_eq!(
         headers[codec::HEADER_SCHEMA_FINGERPRINT],
-        codec::registry().get(6).unwrap().fingerprint
+        codec::registry()
+            .get(codec::ENVELOPE_ID)
+            .unwrap()
+            .fingerprint
     );
 
     let claim = fixtures::claim("node-a", 4);

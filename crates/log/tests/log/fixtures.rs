@@ -21,7 +21,11 @@ pub fn every_body() -> Vec<EventBody> {
     let bodies = vec![
         EventBody::PartitionOpened {
             key: key("tenant-7"),
-            policy: Policy::example("tenant-7", "chat.generate", 31),
+            // Not the default window, so the round trips carry the field.
+            policy: Policy {
+                idempotency_window_ms: 45_000,
+                ..Policy::example("tenant-7", "chat.generate", 31)
+            },
             opening_units: 10_000,
         },
         EventBody::Refilled {

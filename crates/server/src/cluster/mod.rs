@@ -100,6 +100,9 @@ pub struct Node {
     pub idle: axum::Router,
     /// This node's projection of the whole topic (see [`crate::queries`]).
     pub queries: crate::queries::QueryHandle,
+    /// The idempotency index of every partition this node owns (ids are
+    /// unique across the cluster); rewritten by each take-over's replay.
+    pub retired: Arc<crate::writer::RetiredIndex>,
     pub started: Instant,
 }
 
@@ -253,6 +256,9 @@ pub async fn run(
         queries.clone(),
     );
     let idle = crate::api::router(idle_state, config.max_body_bytes);
+    let retired = Arc::new(crate::writer::RetiredIndex::open(
+        &config.data_dir.join("retired"),
+    )?);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .tcp_nodelay(true)
@@ -276,6 +282,7 @@ pub async fn run(
         next_attempt: AtomicU64::new(0),
         idle,
         queries,
+        retired,
         started: Instant::now(),
     });
     let app = routing::router(node.clone());

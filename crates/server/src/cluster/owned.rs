@@ -162,7 +162,7 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
         .ok_or("revoked while claiming")?;
     let view = Arc::new(OnePartition::new(node.log.clone(), p));
     let shards = node.config.writer_shards;
-    let recovered = recovery::recover(&*view, shards, None)
+    let recovered = recovery::recover(&*view, shards, None, &node.retired)
         .await
         .map_err(|e| format!("recovery: {e}"))?;
     let records = recovered.records;
@@ -177,6 +177,7 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
         log: view.clone(),
         states: recovered.shards,
         index,
+        retired: node.retired.clone(),
         writer_id: node.writer_id.clone(),
         claim_epochs: vec![claim.epoch],
         max_batch_commands: node.config.max_batch_commands,

@@ -89,7 +89,9 @@ async fn locate(
 fn locate_local(node: &Node, id: &ReservationId) -> Option<u32> {
     let slots = node.slots.read().expect("slots");
     slots.iter().find_map(|(p, slot)| match &slot.state {
-        super::SlotState::Serving(owned) => owned.writers.locate(id).map(|_| *p),
+        // An unreadable idempotency index is not "here": the caller asks the
+        // peers, and the owner's writer answers 503 when it is asked itself.
+        super::SlotState::Serving(owned) => owned.writers.locate(id).ok().flatten().map(|_| *p),
         _ => None,
     })
 }

@@ -4,13 +4,19 @@
 //! answered from state, after the batch that last changed what they read.
 
 use reservoir_core::{
-    decide, refusal_event, Command, EventBody, Partition, PartitionKey, Policy, Rejection,
-    RequestDigest, ReservationId, TimestampMs,
+    decide, decide_retired, refusal_event, Command, EventBody, Partition, PartitionKey, Policy,
+    Rejection, RequestDigest, Reservation, ReservationId, TimestampMs,
 };
 
 use super::pipeline::{Batch, Pending, PositionFrom, Shard, Undo};
 use super::protocol::{Amount, Answer, Failure, PartitionStatus, Request};
 use super::shard_of;
+
+/// A record that left the partition's memory, and where its last event is.
+pub(super) struct RetiredRecord {
+    reservation: Reservation,
+    position: PositionFrom,
+}
 
 impl Shard {
     pub(super) fn decide_one(&mut self, batch: &mut Batch, request: Request) -> Pending {
@@ -31,7 +37,7 @@ impl Shard {
                 digest,
                 amount,
             } => self.reserve(batch, subject, route, id, digest, amount),
-            Request::Act { key, command } => self.act(batch, key, command),
+            Request::Act { key, command } => self.act(batch, key, command, None),
             Request::Get { key, id } => self.get(batch, &key, &id),
             Request::Snapshot => Pending::Ready(Ok(Answer::Snapshot(Box::new(self.state.clone())))),
             Request::Partitions => Pending::Ready(Ok(Answer::Partitions(
@@ -99,11 +105,22 @@ impl Shard {
         amount: Amount,
     ) -> Pending {
         let located = self.index.read().expect("index lock").get(&id).cloned();
-        let key = match located {
-            Some(key) => key,
-            None => match self.state.active.get(&(subject, route)) {
-                Some(key) => key.clone(),
-                None => return Pending::Ready(Err(Failure::NoPolicy)),
+        let (key, retired) = match located {
+            Some(key) => (key, None),
+            // Not in memory: a new id, or one that left memory (on disk).
+            None => match self.retired.get(&id) {
+                Err(err) => return Pending::Ready(Err(Failure::Unavailable(err))),
+                Ok(Some(r)) => {
+                    let record = RetiredRecord {
+                        position: PositionFrom::Known(r.position()),
+                        reservation: r.reservation,
+                    };
+                    (r.key, Some(record))
+                }
+                Ok(None) => match self.state.active.get(&(subject, route)) {
+                    Some(key) => (key.clone(), None),
+                    None => return Pending::Ready(Err(Failure::NoPolicy)),
+                },
             },
         };
         if shard_of(&key.subject, &key.route, self.shards) != self.id {
@@ -119,10 +136,10 @@ impl Shard {
                 max_tokens,
             } => {
                 let partition = self.state.partitions.get(&key).map(|ps| &ps.partition);
-                match (
-                    partition.and_then(|p| p.reservation(&id)),
-                    partition.and_then(|p| p.policy.as_ref()),
-                ) {
+                let existing = partition
+                    .and_then(|p| p.reservation(&id))
+                    .or(retired.as_ref().map(|r| &r.reservation));
+                match (existing, partition.and_then(|p| p.policy.as_ref())) {
                     // A retry: the digest (over the sizing inputs) decides, and
                     // the record keeps the units it was sized with back then.
                     (Some(existing), _) => (existing.reserved_units, existing.sizing),
@@ -145,12 +162,57 @@ impl Shard {
                 units,
                 sizing,
             },
+            retired,
         )
+    }
+
+    /// The record of `id` if it left `key`'s memory: still waiting for its
+    /// batch to land (`retiring`), or in the idempotency index (`disk`).
+    fn retired_record(
+        &self,
+        batch: &Batch,
+        key: &PartitionKey,
+        id: &ReservationId,
+        disk: bool,
+    ) -> Result<Option<RetiredRecord>, Failure> {
+        if let Some((k, r)) = self.retiring.get(id).filter(|(k, _)| k == key) {
+            let position = self.position_of(batch, k, id).ok_or_else(|| {
+                Failure::Internal(format!("no log position for retiring record {id}"))
+            })?;
+            return Ok(Some(RetiredRecord {
+                reservation: r.clone(),
+                position,
+            }));
+        }
+        if !disk {
+            return Ok(None);
+        }
+        match self.retired.get(id).map_err(Failure::Unavailable)? {
+            Some(r) if r.key == *key => Ok(Some(RetiredRecord {
+                position: PositionFrom::Known(r.position()),
+                reservation: r.reservation,
+            })),
+            _ => Ok(None),
+        }
     }
 
     fn get(&self, batch: &Batch, key: &PartitionKey, id: &ReservationId) -> Pending {
         let ps = self.state.partitions.get(key);
         let record = ps.and_then(|ps| ps.partition.reservation(id));
+        if record.is_none() {
+            return match self.retired_record(batch, key, id, true) {
+                Err(failure) => Pending::Ready(Err(failure)),
+                Ok(Some(r)) => Pending::Reservation {
+                    key: key.clone(),
+                    reservation: Box::new(r.reservation),
+                    created: false,
+                    position: r.position,
+                },
+                Ok(None) => Pending::Ready(Err(
+                    self.rejected(key, Rejection::UnknownReservation { id: id.clone() })
+                )),
+            };
+        }
         match (record, self.position_of(batch, key, id)) {
             (Some(r), Some(PositionFrom::Known(position))) => {
                 Pending::Ready(Ok(Answer::Reservation {
@@ -226,16 +288,44 @@ impl Shard {
         }
     }
 
+    /// Decides `command` on `key`. `retired`: the record of the id the caller
+    /// already found out of memory (a reserve's disk lookup); otherwise a
+    /// command naming an id not in memory looks for it here.
     pub(super) fn act(
         &mut self,
         batch: &mut Batch,
         key: PartitionKey,
         command: Command,
+        retired: Option<RetiredRecord>,
     ) -> Pending {
         let now = self.now_for(&key);
         let Some(ps) = self.state.partitions.get(&key) else {
             return Pending::Ready(Err(Failure::NoPolicy));
         };
+        let retired = match (retired, command.reservation_id()) {
+            (Some(r), _) => Some(r),
+            (None, Some(id)) if ps.partition.reservation(id).is_none() => {
+                // A reserve reached here only after its disk lookup missed.
+                let disk = !matches!(command, Command::Reserve { .. });
+                match self.retired_record(batch, &key, id, disk) {
+                    Ok(r) => r,
+                    Err(failure) => return Pending::Ready(Err(failure)),
+                }
+            }
+            (None, _) => None,
+        };
+        if let Some(r) = retired {
+            return match decide_retired(&ps.partition, &r.reservation, &command, now) {
+                Ok(_) => Pending::Reservation {
+                    key,
+                    reservation: Box::new(r.reservation),
+                    created: false,
+                    position: r.position,
+                },
+                Err(rejection) => Pending::Ready(Err(self.rejected(&key, rejection))),
+            };
+        }
+        let ps = &self.state.partitions[&key];
         match decide(&ps.partition, &command, now) {
             Ok(events) => {
                 let created = events

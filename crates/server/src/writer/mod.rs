@@ -13,6 +13,7 @@
 //!   an append fails.
 //! - `commands`: what each request decides or reads against the state.
 //! - `due`: which expiries, execution limits and refills the sweepers should send.
+//! - [`retired`]: the idempotency index, on disk, of records that left memory.
 //!
 //! `now` is the writer's: read from the injected [`crate::clock::Clock`], made
 //! monotonic per partition (`max(last event time, clock)`), and recorded in the
@@ -22,6 +23,7 @@ mod commands;
 mod due;
 pub mod pipeline;
 pub mod protocol;
+pub mod retired;
 pub mod state;
 
 use std::collections::HashMap;
@@ -38,6 +40,7 @@ pub use protocol::{
     Amount, Answer, Envelope, Failure, PartitionStatus, Reply, Request, Writers,
     MAX_QUEUED_REQUESTS_PER_SHARD, MAX_WAIT_FOR_COMMIT,
 };
+pub use retired::{Retired, RetiredIndex};
 pub use state::{DueKind, Index, PartitionState, ShardState};
 
 use crate::clock::SharedClock;
@@ -57,6 +60,7 @@ pub struct WriterSetup<L> {
     /// One recovered state per shard.
     pub states: Vec<ShardState>,
     pub index: Index,
+    pub retired: Arc<RetiredIndex>,
     pub writer_id: String,
     /// The claim epoch held in each log partition.
     pub claim_epochs: Vec<u64>,
@@ -79,6 +83,7 @@ pub fn spawn<L: EventLog>(
         log,
         states,
         index,
+        retired,
         writer_id,
         claim_epochs,
         max_batch_commands,
@@ -117,6 +122,8 @@ pub fn spawn<L: EventLog>(
             sizer: sizer.clone(),
             in_flight_positions: HashMap::new(),
             next_batch_seq: 0,
+            retired: retired.clone(),
+            retiring: HashMap::new(),
         };
         handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
     }
@@ -124,6 +131,7 @@ pub fn spawn<L: EventLog>(
         Writers {
             senders: Arc::new(senders),
             index,
+            retired,
         },
         handles,
     )

@@ -10,16 +10,23 @@
 //! first, then N, and all of them answer 503; the clients retry with the same
 //! ids. Rolling back is core's [`Savepoint`], taken at a partition's first
 //! touch in a batch: the server never edits a partition's fields itself.
+//!
+//! Records that leave memory in a batch (their idempotency window passed,
+//! [`reservoir_core::retention`]) wait in `Shard::retiring`, where lookups
+//! still find them, until the batch is durable; then they go to the on-disk
+//! idempotency index ([`super::retired`]) and leave every in-memory map. A
+//! rolled-back batch puts them back into the partition instead.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use reservoir_core::{EventBody, PartitionKey, ReservationId, Savepoint};
+use reservoir_core::{EventBody, PartitionKey, Reservation, ReservationId, Savepoint};
 use reservoir_log::{EventLog, LogError, Position, Record};
 use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::{Answer, Envelope, Failure, Reply, Request};
+use super::retired::{Retired, RetiredIndex};
 use super::state::{Index, ShardState};
 use crate::clock::SharedClock;
 use crate::sizing::Sizer;
@@ -58,6 +65,8 @@ pub(super) enum Undo {
     Partition(PartitionKey, Box<Savepoint>),
     Active((String, String), Option<PartitionKey>),
     Index(ReservationId),
+    /// A record this batch evicted (the savepoint puts it back into the partition).
+    Retiring(ReservationId),
 }
 
 /// Where a reply's log position comes from once the batch is durable.
@@ -85,6 +94,8 @@ struct InFlight<'a> {
     seq: u64,
     records: Vec<Record>,
     undo: Vec<Undo>,
+    /// Records this batch evicted from memory (in `Shard::retiring` until it lands).
+    evicted: Vec<ReservationId>,
     pendings: Vec<(oneshot::Sender<Reply>, Pending)>,
     /// `None`: nothing to append (reads, idempotent repeats); answered in order.
     append: Option<AppendFuture<'a>>,
@@ -149,6 +160,7 @@ pub(super) struct Batch {
     savepoints: HashMap<PartitionKey, usize>,
     /// Reservations whose latest event is in this batch → its record.
     pub(super) pending_positions: HashMap<ReservationId, usize>,
+    evicted: Vec<ReservationId>,
 }
 
 /// One writer task's state and identity.
@@ -180,6 +192,10 @@ pub struct Shard {
     pub(super) in_flight_positions: HashMap<ReservationId, (u64, usize)>,
     /// Sequence number of the next batch.
     pub(super) next_batch_seq: u64,
+    /// The idempotency index: records that left memory.
+    pub retired: Arc<RetiredIndex>,
+    /// Records evicted by batches not yet durable: id → (partition, record).
+    pub(super) retiring: HashMap<ReservationId, (PartitionKey, Reservation)>,
 }
 
 impl Shard {
@@ -304,6 +320,7 @@ impl Shard {
             seq,
             records: batch.records,
             undo: batch.undo,
+            evicted: batch.evicted,
             pendings,
             append,
             result: None,
@@ -355,6 +372,7 @@ impl Shard {
                 );
             }
         }
+        self.retire(std::mem::take(&mut flight.evicted));
         let resolve = |from: PositionFrom| {
             match from {
             PositionFrom::Record(i) => positions[i],
@@ -508,7 +526,40 @@ impl Shard {
                 Undo::Index(id) => {
                     self.index.write().expect("index lock").remove(&id);
                 }
+                Undo::Retiring(id) => {
+                    self.retiring.remove(&id);
+                }
             }
+        }
+    }
+
+    /// A landed batch's evicted records: into the idempotency index, out of
+    /// every in-memory map. A failed index write stops the server (the records
+    /// would be nowhere a retry could find them; recovery writes them again).
+    fn retire(&mut self, evicted: Vec<ReservationId>) {
+        if evicted.is_empty() {
+            return;
+        }
+        let mut retired = Vec::with_capacity(evicted.len());
+        {
+            let mut index = self.index.write().expect("index lock");
+            for id in &evicted {
+                let (key, record) = self
+                    .retiring
+                    .remove(id)
+                    .expect("an evicted record waits in `retiring` until its batch lands");
+                let position = self
+                    .state
+                    .forget(&key, &record)
+                    .expect("a record in memory has the position of its last event");
+                index.remove(id);
+                retired.push(Retired::new(key, position, record));
+            }
+        }
+        telemetry::evicted(retired.len());
+        if let Err(err) = self.retired.put_all(&retired) {
+            tracing::error!(shard = self.id, %err, "idempotency index write failed");
+            let _ = self.fatal.send(Some(format!("shard {}: {err}", self.id)));
         }
     }
 
@@ -546,8 +597,15 @@ impl Shard {
             unreachable!("savepoints index partition undo entries");
         };
         let ps = self.state.partitions.get_mut(key).expect("touched");
+        let mut evicted = Vec::new();
         for event in &events {
-            savepoint.apply(&mut ps.partition, event);
+            evicted.extend(savepoint.apply(&mut ps.partition, event));
+        }
+        for record in evicted {
+            batch.undo.push(Undo::Retiring(record.id.clone()));
+            batch.evicted.push(record.id.clone());
+            self.retiring
+                .insert(record.id.clone(), (key.clone(), record));
         }
         let index = batch.records.len();
         for e in &events {

@@ -13,6 +13,7 @@ use reservoir_core::{
 use reservoir_log::Position;
 use tokio::sync::{mpsc, oneshot};
 
+use super::retired::RetiredIndex;
 use super::state::{Index, ShardState};
 use crate::sizing::SizingFailure;
 
@@ -140,6 +141,7 @@ pub struct Envelope {
 pub struct Writers {
     pub(super) senders: Arc<Vec<mpsc::Sender<Envelope>>>,
     pub index: Index,
+    pub retired: Arc<RetiredIndex>,
 }
 
 impl Writers {
@@ -151,9 +153,13 @@ impl Writers {
         super::shard_of(&key.subject, &key.route, self.shards())
     }
 
-    /// The partition holding reservation `id`, if any.
-    pub fn locate(&self, id: &ReservationId) -> Option<PartitionKey> {
-        self.index.read().expect("index lock").get(id).cloned()
+    /// The partition holding reservation `id`, if any: in memory, or in the
+    /// idempotency index once it left memory (`Err`: the index cannot be read).
+    pub fn locate(&self, id: &ReservationId) -> Result<Option<PartitionKey>, String> {
+        if let Some(key) = self.index.read().expect("index lock").get(id) {
+            return Ok(Some(key.clone()));
+        }
+        Ok(self.retired.get(id)?.map(|r| r.key))
     }
 
     pub async fn call(&self, shard: usize, request: Request) -> Reply {

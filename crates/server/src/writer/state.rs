@@ -1,16 +1,21 @@
 //! What a shard holds between batches: its ledger partitions, which partition
-//! is active for each subject/route, the log position of every reservation's
-//! last event, and the due list the sweepers read. Recovery builds it from the
-//! log (or a snapshot); only the shard task changes it afterwards.
+//! is active for each subject/route, the log position of the last event of
+//! every reservation in memory, and the due list the sweepers read. Recovery
+//! builds it from the log (or a snapshot); only the shard task changes it
+//! afterwards. Everything here follows the records in memory (open ones and
+//! finished ones inside the idempotency window): what leaves memory leaves
+//! every map here too ([`ShardState::forget`]), and lives on in the
+//! idempotency index (`super::retired`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use reservoir_core::{EventBody, Partition, PartitionKey, ReservationId, TimestampMs};
+use reservoir_core::{EventBody, Partition, PartitionKey, Reservation, ReservationId, TimestampMs};
 use reservoir_log::Position;
 
-/// Global reservation id → the partition that holds it (ids are unique across
-/// the server). Written only by shard tasks, speculatively during a batch.
+/// Global reservation id → the partition that holds it in memory (ids are
+/// unique across the server; one that left memory is in the idempotency
+/// index). Written only by shard tasks, speculatively during a batch.
 pub type Index = Arc<RwLock<HashMap<ReservationId, PartitionKey>>>;
 
 /// Kinds of due work the sweeper looks for.
@@ -41,6 +46,29 @@ pub struct ShardState {
 }
 
 impl ShardState {
+    /// A record that left memory: drops its position and due entries. Returns
+    /// the position of its last event.
+    pub fn forget(&mut self, key: &PartitionKey, r: &Reservation) -> Option<Position> {
+        self.forget_due(key, &r.id, r.expires_at_ms, r.execution_deadline_ms);
+        self.partitions.get_mut(key)?.positions.remove(&r.id)
+    }
+
+    /// Removes the sweeper entries of a reservation that moved on for good.
+    fn forget_due(
+        &mut self,
+        key: &PartitionKey,
+        id: &ReservationId,
+        expires_at_ms: TimestampMs,
+        deadline_ms: Option<TimestampMs>,
+    ) {
+        let mut entry = (expires_at_ms, DueKind::LeaseExpiry, key.clone(), id.clone());
+        self.due.remove(&entry);
+        if let Some(deadline) = deadline_ms {
+            (entry.0, entry.1) = (deadline, DueKind::ExecutionLimit);
+            self.due.remove(&entry);
+        }
+    }
+
     /// Records what a committed event means for the sweepers and the index.
     pub fn note_committed(&mut self, key: &PartitionKey, body: &EventBody, position: Position) {
         if let Some(id) = body.reservation_id() {
@@ -72,6 +100,20 @@ impl ShardState {
                     key.clone(),
                     id.clone(),
                 ));
+            }
+            // Finished: nothing is due any more (the due list follows open
+            // reservations, not history).
+            EventBody::Settled { id, .. }
+            | EventBody::Released { id, .. }
+            | EventBody::Expired { id, .. } => {
+                let times = self
+                    .partitions
+                    .get(key)
+                    .and_then(|ps| ps.partition.reservation(id))
+                    .map(|r| (r.expires_at_ms, r.execution_deadline_ms));
+                if let Some((expires_at_ms, deadline_ms)) = times {
+                    self.forget_due(key, id, expires_at_ms, deadline_ms);
+                }
             }
             EventBody::PartitionOpened { key: k, .. } => {
                 if let Some(ps) = self.partitions.get_mut(k) {

@@ -8,6 +8,7 @@ use reqwest::StatusCode;
 use reservoir_core::PartitionKey;
 use reservoir_log::memory::MemoryLog;
 use reservoir_log::{EventLog, EventReader, LogEntry, LogError, Position, Record};
+use reservoir_server::writer::RetiredIndex;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -203,7 +204,8 @@ async fn a_restart_on_the_embedded_log_recovers_every_receipt_and_balance() {
 async fn recover_directly(dir: &std::path::Path) -> reservoir_server::recovery::Recovered {
     let log = reservoir_log::embedded::EmbeddedLog::open(dir.join("log"), "inspector").unwrap();
     let snapshot = reservoir_server::snapshot::read(dir);
-    reservoir_server::recovery::recover(&log, 2, snapshot)
+    let retired = RetiredIndex::open(&dir.join("retired")).unwrap();
+    reservoir_server::recovery::recover(&log, 2, snapshot, &retired)
         .await
         .unwrap()
 }
@@ -277,6 +279,8 @@ async fn records_of_a_fenced_writer_do_not_count() {
     use reservoir_core::{apply, decide, Command, Partition, RequestDigest, ReservationId};
     let log = MemoryLog::new();
     let key = PartitionKey::new("t", "r", "e", 1).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let retired = RetiredIndex::open(scratch.path()).unwrap();
     let mut p = Partition::default();
     let open = Command::OpenPartition {
         key: key.clone(),
@@ -306,7 +310,7 @@ async fn records_of_a_fenced_writer_do_not_count() {
         .append(vec![record(&old, decide(&p, &reserve, 2).unwrap())])
         .await;
     assert!(matches!(zombie, Err(LogError::Fenced { .. })), "{zombie:?}");
-    let r = reservoir_server::recovery::recover(&log, 2, None)
+    let r = reservoir_server::recovery::recover(&log, 2, None, &retired)
         .await
         .unwrap();
     assert_eq!((r.records, r.skipped_records), (1, 1));
@@ -325,7 +329,7 @@ async fn records_of_a_fenced_writer_do_not_count() {
     log.append(vec![record(&new, decide(&after, &reserve, 3).unwrap())])
         .await
         .unwrap();
-    let r = reservoir_server::recovery::recover(&log, 2, None)
+    let r = reservoir_server::recovery::recover(&log, 2, None, &retired)
         .await
         .unwrap();
     assert_eq!((r.records, r.skipped_records), (2, 1));

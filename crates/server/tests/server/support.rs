@@ -242,34 +242,9 @@ impl TestServer {
         body.as_array().unwrap().clone()
     }
 
-    /// Conservation and reserved = Σ held, on every partition, recomputed here
-    /// too from every term the view shows (all of core's `Term::ALL`).
+    /// Conservation on every partition (see [`assert_conserved_at`]).
     pub async fn assert_conserved(&self) -> Vec<Value> {
-        use reservoir_core::{Side, Term};
-        let parts = self.partitions().await;
-        for p in &parts {
-            assert_eq!(p["conservation"], "ok", "{p}");
-            let side = |side: Side| -> u128 {
-                Term::ALL
-                    .iter()
-                    .filter(|t| t.side() == side)
-                    .map(|t| {
-                        let v = p[t.name()].as_u64();
-                        u128::from(v.unwrap_or_else(|| panic!("{} missing in {p}", t.name())))
-                    })
-                    .sum()
-            };
-            assert_eq!(side(Side::Source), side(Side::Destination), "{p}");
-            let u = |k: &str| u128::from(p[k].as_u64().unwrap());
-            assert_eq!(
-                u("debt_units"),
-                u("overdraft_issued_units") + u("debt_moved_in_units")
-                    - u("overdraft_repaid_units")
-                    - u("debt_moved_out_units"),
-                "{p}"
-            );
-        }
-        parts
+        assert_conserved_at(&self.client, &self.base).await
     }
 
     pub async fn metrics(&self) -> String {
@@ -345,4 +320,42 @@ where
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Conservation and reserved = Σ held, on every partition of the server at
+/// `base`, recomputed here too from every term the view shows (all of core's
+/// `Term::ALL`).
+pub async fn assert_conserved_at(client: &reqwest::Client, base: &str) -> Vec<Value> {
+    use reservoir_core::{Side, Term};
+    let r = client
+        .get(format!("{base}/v1/partitions"))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = split(r).await;
+    assert_eq!(status, StatusCode::OK);
+    let parts = body.as_array().unwrap().clone();
+    for p in &parts {
+        assert_eq!(p["conservation"], "ok", "{p}");
+        let side = |side: Side| -> u128 {
+            Term::ALL
+                .iter()
+                .filter(|t| t.side() == side)
+                .map(|t| {
+                    let v = p[t.name()].as_u64();
+                    u128::from(v.unwrap_or_else(|| panic!("{} missing in {p}", t.name())))
+                })
+                .sum()
+        };
+        assert_eq!(side(Side::Source), side(Side::Destination), "{p}");
+        let u = |k: &str| u128::from(p[k].as_u64().unwrap());
+        assert_eq!(
+            u("debt_units"),
+            u("overdraft_issued_units") + u("debt_moved_in_units")
+                - u("overdraft_repaid_units")
+                - u("debt_moved_out_units"),
+            "{p}"
+        );
+    }
+    parts
 }
