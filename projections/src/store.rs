@@ -63,6 +63,11 @@ pub const COLUMN_FAMILIES: [&str; 13] = [
 /// and sampled `actual_units`).
 pub const DEFAULT_MODEL: &str = "default";
 
+/// Memtable bytes of the whole projection database (every column family).
+pub const MEMTABLE_BYTES_MAX: usize = 64 << 20;
+/// Block cache shared by its column families.
+pub const BLOCK_CACHE_BYTES: usize = 16 << 20;
+
 pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
     let mut options = Options::default();
     options.create_if_missing(true);
@@ -73,7 +78,20 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
     // The projector writes without the WAL by default: flushing every column
     // family together keeps what is on disk a consistent prefix of its steps.
     options.set_atomic_flush(true);
-    let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    // Memory does not follow what was projected: memtables are capped for the
+    // whole database (past it, every column family flushes together, which
+    // atomic flush wants anyway), and every column family reads through one
+    // block cache.
+    options.set_db_write_buffer_size(MEMTABLE_BYTES_MAX);
+    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+    let cfs = COLUMN_FAMILIES.map(|name| {
+        let mut table = rocksdb::BlockBasedOptions::default();
+        table.set_block_cache(&cache);
+        let mut cf = Options::default();
+        cf.set_write_buffer_size(16 << 20);
+        cf.set_block_based_table_factory(&table);
+        ColumnFamilyDescriptor::new(name, cf)
+    });
     let db = DB::open_cf_descriptors(&options, path.as_ref(), cfs).map_err(store_error)?;
     backfill_reservation_ids(&db)?;
     Ok(Arc::new(db))

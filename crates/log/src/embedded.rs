@@ -73,9 +73,13 @@ pub fn rocksdb_options() -> Options {
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
-    // Entries are written once, in key order, and read sequentially.
-    options.set_max_write_buffer_number(4);
-    options.set_write_buffer_size(64 << 20);
+    // Entries are written once, in key order, and read sequentially. Memtables
+    // are the log's memory: capped for the whole database, so a server's
+    // resident size does not grow with the traffic it has seen (see
+    // bench-results/bounded-state.md).
+    options.set_max_write_buffer_number(3);
+    options.set_write_buffer_size(16 << 20);
+    options.set_db_write_buffer_size(MEMTABLE_BYTES_MAX);
     // The `meta` column family is written rarely (claims), so without a cap it
     // is never flushed and pins every write-ahead log file since the first
     // claim: a 10M-event log kept 1.4 GB of WAL that every reader (replay,
@@ -84,6 +88,9 @@ pub fn rocksdb_options() -> Options {
     options.set_max_total_wal_size(WAL_TOTAL_BYTES_MAX);
     options
 }
+
+/// Memtable bytes of the whole log database (both column families).
+pub const MEMTABLE_BYTES_MAX: usize = 48 << 20;
 
 /// Write-ahead log kept before the oldest files' column families are flushed.
 pub const WAL_TOTAL_BYTES_MAX: u64 = 256 << 20;

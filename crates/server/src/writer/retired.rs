@@ -71,8 +71,12 @@ impl RetiredIndex {
         let mut table = BlockBasedOptions::default();
         table.set_bloom_filter(10.0, false);
         table.set_whole_key_filtering(true);
+        table.set_block_cache(&rocksdb::Cache::new_lru_cache(8 << 20));
         let mut options = Options::default();
         options.create_if_missing(true);
+        // Memory stays small whatever the index holds: 16 MiB of memtables.
+        options.set_write_buffer_size(8 << 20);
+        options.set_max_write_buffer_number(2);
         options.set_block_based_table_factory(&table);
         options.set_compression_type(rocksdb::DBCompressionType::Lz4);
         options.set_memtable_whole_key_filtering(true);
