@@ -77,7 +77,19 @@ pub struct ProjectorConfig {
     /// 11.4k, 50 ms ≈ 12.2k cycles/s, the projector sharing two cores with
     /// the writer.
     pub linger: Duration,
+    /// The retention rule for reservation records: a record of a reservation
+    /// that finished longer than this before the newest event projected (log
+    /// time, not the clock, so a rebuild prunes the same records) is deleted
+    /// with its id index entry, at most [`PRUNED_PER_STEP`] a step, and
+    /// [`store::PRUNED_BEFORE`] says before when every such record is gone. `None` (the default) keeps
+    /// every record: about 600 bytes of disk a reservation (see
+    /// bench-results/bounded-state.md). A pruned record is still in the log:
+    /// `reservoir-replay state` answers from it.
+    pub retention: Option<Duration>,
 }
+
+/// Records the retention rule deletes in one step at most (bounds one batch).
+pub const PRUNED_PER_STEP: usize = 4_096;
 
 impl Default for ProjectorConfig {
     fn default() -> Self {
@@ -86,6 +98,7 @@ impl Default for ProjectorConfig {
             sync_writes: false,
             idle_wait: Duration::from_millis(200),
             linger: Duration::from_millis(50),
+            retention: None,
         }
     }
 }
@@ -117,6 +130,8 @@ pub struct Projector<L: EventReader> {
     poisoned: bool,
     commits: u64,
     fail_before_commit: Option<u64>,
+    /// Newest event time projected since opening (the retention rule's "now").
+    newest_at_ms: u64,
 }
 
 /// Rebuilds the fence state from the stored claim: `Validity` holds only the
@@ -167,6 +182,7 @@ impl<L: EventReader> Projector<L> {
             poisoned: false,
             commits: 0,
             fail_before_commit: None,
+            newest_at_ms: 0,
         })
     }
 
@@ -239,6 +255,9 @@ impl<L: EventReader> Projector<L> {
                 outcome.events += record.events.len();
                 let proj = load_partition(&db, &mut self.partitions, &record.key)?;
                 apply_record(&db, &mut work, proj, position, &record)?;
+                if let Some(last) = record.events.last() {
+                    self.newest_at_ms = self.newest_at_ms.max(last.at_ms);
+                }
             }
             let stored = Cursor {
                 next_offset: cursor.next_offset,
@@ -254,6 +273,10 @@ impl<L: EventReader> Projector<L> {
             );
         }
         work.finish(&db, &mut self.partitions)?;
+        if let Some(retention) = self.config.retention {
+            let keep_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
+            prune(&db, &mut work, self.newest_at_ms.saturating_sub(keep_ms))?;
+        }
         self.commit(work)?;
         self.poisoned = false;
         let _ = self.positions.send(self.positions());
@@ -268,6 +291,13 @@ impl<L: EventReader> Projector<L> {
                 .cf_handle(cf)
                 .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
             batch.put_cf(handle, key.as_bytes(), value);
+        }
+        for (cf, key) in &work.deletes {
+            let handle = self
+                .db
+                .cf_handle(cf)
+                .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
+            batch.delete_cf(handle, key.as_bytes());
         }
         self.commits += 1;
         if self.fail_before_commit == Some(self.commits) {
@@ -395,6 +425,8 @@ fn load_partition<'a>(
 #[derive(Default)]
 struct Work {
     puts: BTreeMap<(&'static str, String), Vec<u8>>,
+    /// Keys the retention rule deletes (never one this step puts).
+    deletes: Vec<(&'static str, String)>,
     /// Balance of each touched partition before the step (for roll-up deltas).
     old_balances: BTreeMap<PartitionKey, Option<PartitionBalance>>,
     reservations: BTreeSet<(PartitionKey, ReservationId)>,
@@ -510,6 +542,16 @@ impl Work {
                     .remove(&(key.clone(), id.clone()))
                     .expect("a touched reservation is in memory or left it in this step"),
             };
+            // A record takes no event once finished: touched and finished
+            // means it finished in this step.
+            if let (true, Some(at)) = (reservation.state.is_terminal(), reservation.finished_at_ms)
+            {
+                self.put(
+                    store::FINISHED,
+                    store::finished_key(at, &key, id.as_str()),
+                    Vec::new(),
+                );
+            }
             let record = ReservationRecord {
                 key: key.clone(),
                 reservation,
@@ -544,6 +586,74 @@ impl Work {
         }
         Ok(())
     }
+}
+
+/// The retention rule: deletes (in `work`) the records of reservations that
+/// finished before `cutoff_ms`, oldest first, at most [`PRUNED_PER_STEP`].
+fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<(), ProjectionError> {
+    if cutoff_ms == 0 {
+        return Ok(());
+    }
+    let cf = db
+        .cf_handle(store::FINISHED)
+        .ok_or_else(|| store_error("missing column family finished"))?;
+    let mut options = rocksdb::ReadOptions::default();
+    options.set_iterate_upper_bound(format!("{cutoff_ms:020}|").into_bytes());
+    // Records that finished in this very step and are already past the
+    // cutoff are not written at all (the database does not hold them yet).
+    let upper = (store::FINISHED, format!("{cutoff_ms:020}|"));
+    let fresh: Vec<String> = work
+        .puts
+        .range((store::FINISHED, String::new())..upper)
+        .map(|((_, k), _)| k.clone())
+        .collect();
+    for finished in fresh {
+        let (record, id_entry) =
+            store::keys_of_finished(&finished).expect("written by finished_key");
+        work.puts.remove(&(store::FINISHED, finished));
+        work.puts.remove(&(store::RESERVATIONS, record.clone()));
+        work.puts
+            .remove(&(store::RESERVATION_IDS, id_entry.clone()));
+        work.deletes.push((store::RESERVATIONS, record));
+        work.deletes.push((store::RESERVATION_IDS, id_entry));
+    }
+    let mut pruned = 0;
+    // Everything that finished before `complete_before` is gone once this
+    // batch lands: the cutoff if the range was exhausted, else the time of
+    // the last record pruned (others may share it).
+    let mut complete_before = cutoff_ms;
+    for item in db.iterator_cf_opt(&cf, options, rocksdb::IteratorMode::Start) {
+        let (k, _) = item.map_err(store_error)?;
+        let finished = String::from_utf8_lossy(&k).into_owned();
+        let corrupt = || ProjectionError::Corrupt {
+            cf: store::FINISHED,
+            key: finished.clone(),
+            reason: "not <time>|<partition key>|<id>".into(),
+        };
+        let at: u64 = finished
+            .get(..20)
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(corrupt)?;
+        let (record, id_entry) = store::keys_of_finished(&finished).ok_or_else(corrupt)?;
+        work.deletes.push((store::RESERVATIONS, record));
+        work.deletes.push((store::RESERVATION_IDS, id_entry));
+        work.deletes.push((store::FINISHED, finished));
+        pruned += 1;
+        if pruned == PRUNED_PER_STEP {
+            complete_before = at;
+            break;
+        }
+    }
+    // Written every step, so the mark depends on the log only, not on how it
+    // was cut into steps.
+    let before: u64 = get(db, store::RETENTION, store::PRUNED_BEFORE)?.unwrap_or(0);
+    work.put(
+        store::RETENTION,
+        store::PRUNED_BEFORE.to_string(),
+        encode(&before.max(complete_before)),
+    );
+    metrics::counter!("reservoir_projection_pruned_total").increment(pruned as u64);
+    Ok(())
 }
 
 /// Folds one record (one command's events for one ledger partition) into its

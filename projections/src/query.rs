@@ -190,6 +190,12 @@ impl Projections {
             })
     }
 
+    /// Before when the retention rule has deleted every record of a finished
+    /// reservation (`None`: nothing pruned; see `ProjectorConfig::retention`).
+    pub fn pruned_before_ms(&self) -> Result<Option<u64>, ProjectionError> {
+        get(&self.db, store::RETENTION, store::PRUNED_BEFORE)
+    }
+
     /// The digests of `route` for `model`, or of every model of the route.
     fn route_digests(
         &self,

@@ -41,9 +41,17 @@ pub const INPUT_DRIFT: &str = "input_drift";
 pub const REFUSALS: &str = "refusals";
 /// Key: log partition `|` offset `|` event index.
 pub const FINDINGS: &str = "findings";
+/// Finished reservations by the time they finished, for the retention rule
+/// ([`crate::ProjectorConfig::retention`]). Key: `finished_at_ms` (20 digits)
+/// `|` [`reservation_key`]; value empty.
+pub const FINISHED: &str = "finished";
+/// What the retention rule has pruned. Key [`PRUNED_BEFORE`]: every record of
+/// a reservation that finished before this time (ms) is gone (JSON u64).
+pub const RETENTION: &str = "retention";
+pub const PRUNED_BEFORE: &str = "pruned_before_ms";
 
 /// Every column family, in dump order.
-pub const COLUMN_FAMILIES: [&str; 13] = [
+pub const COLUMN_FAMILIES: [&str; 15] = [
     CURSORS,
     PARTITIONS,
     BALANCES,
@@ -57,6 +65,8 @@ pub const COLUMN_FAMILIES: [&str; 13] = [
     INPUT_DRIFT,
     REFUSALS,
     FINDINGS,
+    FINISHED,
+    RETENTION,
 ];
 
 /// Model of samples whose settle named no model (or reported no output tokens
@@ -64,9 +74,9 @@ pub const COLUMN_FAMILIES: [&str; 13] = [
 pub const DEFAULT_MODEL: &str = "default";
 
 /// Memtable bytes of the whole projection database (every column family).
-pub const MEMTABLE_BYTES_MAX: usize = 64 << 20;
-/// Block cache shared by its column families.
-pub const BLOCK_CACHE_BYTES: usize = 16 << 20;
+pub const MEMTABLE_BYTES_MAX: usize = 48 << 20;
+/// Block cache shared by its column families (index and filter blocks included).
+pub const BLOCK_CACHE_BYTES: usize = 32 << 20;
 
 pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
     let mut options = Options::default();
@@ -85,8 +95,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<DB>, ProjectionError> {
     options.set_db_write_buffer_size(MEMTABLE_BYTES_MAX);
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
     let cfs = COLUMN_FAMILIES.map(|name| {
-        let mut table = rocksdb::BlockBasedOptions::default();
-        table.set_block_cache(&cache);
+        let table = reservoir_log::rocks::table_options(&cache);
         let mut cf = Options::default();
         cf.set_write_buffer_size(16 << 20);
         cf.set_block_based_table_factory(&table);
@@ -171,6 +180,22 @@ pub fn cursor_key(log_partition: u32) -> String {
 
 pub fn reservation_key(key: &PartitionKey, id: &str) -> String {
     format!("{}|{id}", partition_key(key))
+}
+
+/// Key of one [`FINISHED`] entry.
+pub fn finished_key(finished_at_ms: u64, key: &PartitionKey, id: &str) -> String {
+    format!("{finished_at_ms:020}|{}", reservation_key(key, id))
+}
+
+/// The [`RESERVATIONS`] and [`RESERVATION_IDS`] keys a [`FINISHED`] key names
+/// (a partition key has four `|`-separated parts; ids contain no `|`).
+pub fn keys_of_finished(finished: &str) -> Option<(String, String)> {
+    let (_, record_key) = finished.split_once('|')?;
+    let (partition, id) = record_key.rsplit_once('|')?;
+    Some((
+        record_key.to_string(),
+        format!("{}{partition}", reservation_id_prefix(id)),
+    ))
 }
 
 /// Key of one [`RESERVATION_IDS`] entry.

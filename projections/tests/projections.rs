@@ -7,6 +7,7 @@ mod projections {
     mod crash;
     mod diagnosis;
     mod live_vs_rebuilt;
+    mod retention;
     mod scenario;
     mod usage;
 }

@@ -71,6 +71,22 @@ pub fn projection_ends(
     Ok((cursors, differences))
 }
 
+/// Before when the projection's retention rule deleted every finished record.
+pub fn pruned_before_ms(db: &rocksdb::DB) -> Result<Option<u64>, Stop> {
+    let Some(cf) = db.cf_handle(store::RETENTION) else {
+        return Ok(None);
+    };
+    match db
+        .get_cf(cf, store::PRUNED_BEFORE)
+        .map_err(|e| Stop::Error(e.to_string()))?
+    {
+        None => Ok(None),
+        Some(v) => serde_json::from_slice(&v)
+            .map(Some)
+            .map_err(|e| Stop::Error(format!("{}: {e}", store::PRUNED_BEFORE))),
+    }
+}
+
 /// Opens the projection and reads where it stands.
 pub fn open(dir: &Path) -> Result<(rocksdb::DB, tempfile::TempDir), Stop> {
     if !dir.join("CURRENT").exists() {
@@ -273,6 +289,16 @@ impl Expected {
         parts.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         balances.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         Self { parts, balances }
+    }
+
+    /// Leaves out the records the projection's retention rule deleted:
+    /// finished before `before_ms` (see `ProjectorConfig::retention`).
+    pub fn without_pruned(&mut self, before_ms: u64) {
+        for (_, _, proj) in &mut self.parts {
+            proj.partition.reservations.retain(|_, r| {
+                !(r.state.is_terminal() && r.finished_at_ms.is_some_and(|at| at < before_ms))
+            });
+        }
     }
 
     pub fn reservations(&self) -> usize {

@@ -80,6 +80,8 @@ pub fn rocksdb_options() -> Options {
     options.set_max_write_buffer_number(3);
     options.set_write_buffer_size(16 << 20);
     options.set_db_write_buffer_size(MEMTABLE_BYTES_MAX);
+    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+    options.set_block_based_table_factory(&crate::rocks::table_options(&cache));
     // The `meta` column family is written rarely (claims), so without a cap it
     // is never flushed and pins every write-ahead log file since the first
     // claim: a 10M-event log kept 1.4 GB of WAL that every reader (replay,
@@ -90,7 +92,9 @@ pub fn rocksdb_options() -> Options {
 }
 
 /// Memtable bytes of the whole log database (both column families).
-pub const MEMTABLE_BYTES_MAX: usize = 48 << 20;
+pub const MEMTABLE_BYTES_MAX: usize = 32 << 20;
+/// Block cache of each column family (index and filter blocks included).
+pub const BLOCK_CACHE_BYTES: usize = 16 << 20;
 
 /// Write-ahead log kept before the oldest files' column families are flushed.
 pub const WAL_TOTAL_BYTES_MAX: u64 = 256 << 20;

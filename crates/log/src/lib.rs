@@ -35,6 +35,7 @@ pub mod fence;
 pub mod kafka;
 #[cfg(feature = "memory")]
 pub mod memory;
+pub mod rocks;
 
 use reservoir_core::{Event, PartitionKey};
 use thiserror::Error;

@@ -126,6 +126,11 @@ pub struct ServeArgs {
     /// (and at shutdown), so a restart replays only the log after it. 0 = never. Default 30.
     #[arg(long, env = "RESERVOIR_SNAPSHOT_INTERVAL_SECS")]
     pub snapshot_interval_secs: Option<u64>,
+    /// Delete the projection's record of a reservation this long after it
+    /// finished (log time); the log keeps it, `reservoir-replay` answers from
+    /// it. 0 or unset = keep every record (about 600 bytes of disk each).
+    #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
+    pub projection_retention_secs: Option<u64>,
 }
 
 /// Which log `reservoir project` follows.
@@ -172,6 +177,9 @@ pub struct ProjectArgs {
     /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
     #[arg(long, env = "RESERVOIR_TOPIC")]
     pub topic: Option<String>,
+    /// As `reservoir serve --projection-retention-secs`.
+    #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
+    pub projection_retention_secs: Option<u64>,
 }
 
 /// Resolved settings of `reservoir project`.
@@ -180,6 +188,12 @@ pub struct ProjectConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub log: ProjectSource,
+    pub projection_retention: Option<Duration>,
+}
+
+/// `--projection-retention-secs`: 0 or none keeps every record.
+fn retention(secs: Option<u64>) -> Option<Duration> {
+    secs.filter(|s| *s > 0).map(Duration::from_secs)
 }
 
 /// The log a projector follows.
@@ -262,6 +276,10 @@ impl ProjectArgs {
             data_dir,
             listen,
             log,
+            projection_retention: retention(
+                self.projection_retention_secs
+                    .or(file.projection_retention_secs),
+            ),
         })
     }
 }
@@ -288,6 +306,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// `None`: no snapshots (always for logs other than the embedded one).
     pub snapshot_interval: Option<Duration>,
+    /// `Some`: the projections' retention rule (see `ProjectorConfig::retention`).
+    pub projection_retention: Option<Duration>,
     /// `Some`: cluster mode (see [`crate::cluster`]).
     pub cluster: Option<ClusterConfig>,
     pub topic_partitions: u32,
@@ -326,6 +346,7 @@ impl Default for Config {
             // A restart replays at most this much of the log after the snapshot
             // (about 2 s at 10,000 cycles/s, see bench-results/bounded-state.md).
             snapshot_interval: Some(Duration::from_secs(30)),
+            projection_retention: None,
             cluster: None,
             topic_partitions: 8,
         }
@@ -394,6 +415,11 @@ impl ServeArgs {
                 Some(secs) => Some(Duration::from_secs(secs)),
                 None => base.snapshot_interval,
             },
+            projection_retention: retention(
+                self.projection_retention_secs
+                    .or(file.projection_retention_secs),
+            )
+            .or(base.projection_retention),
             cluster,
             topic_partitions: self
                 .topic_partitions

@@ -113,7 +113,12 @@ pub async fn start_with_clock<L: EventLog>(
     let app = api::router(state.clone(), config.max_body_bytes);
     state.estimators().set_dir(&config.data_dir);
     // The read side follows the same log in its own database.
-    let projector = queries::spawn(log.clone(), &config.data_dir, state.queries().clone());
+    let projector = queries::spawn(
+        log.clone(),
+        &config.data_dir,
+        config.projection_retention,
+        state.queries().clone(),
+    );
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)

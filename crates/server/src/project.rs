@@ -77,7 +77,12 @@ async fn serve<L: EventReader>(
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let state = AppState::new(telemetry::install());
-    let projector = queries::spawn(log, &config.data_dir, state.queries().clone());
+    let projector = queries::spawn(
+        log,
+        &config.data_dir,
+        config.projection_retention,
+        state.queries().clone(),
+    );
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "projector listening");
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)

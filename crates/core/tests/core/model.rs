@@ -93,6 +93,9 @@ fn test_policy(shadow: bool, refill_units: Units) -> Policy {
         hard_execution_limit_ms: 10_000,
         max_overdraft_units: 300,
         shadow_mode: shadow,
+        // The model keeps every record: nothing leaves memory within a run
+        // (eviction has its own tests, tests/core/retention.rs).
+        idempotency_window_ms: reservoir_core::policy::MAX_SPAN_MS,
         ..policy()
     }
 }

@@ -253,6 +253,7 @@ pub async fn run(
     let projector = crate::queries::spawn(
         Arc::new(crate::project::ReadOnly(reader)),
         &config.data_dir,
+        config.projection_retention,
         queries.clone(),
     );
     let idle = crate::api::router(idle_state, config.max_body_bytes);

@@ -231,11 +231,18 @@ pub async fn reservation(
             e.to_string(),
         )
     })?;
+    let pruned = live.projections.pruned_before_ms().map_err(store_failure)?;
     let unknown = || {
+        let retention = match pruned {
+            Some(ms) => format!(
+                " (records of reservations that finished before {ms} ms are pruned by the projection's retention rule; `reservoir-replay state` answers from the log)"
+            ),
+            None => String::new(),
+        };
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_reservation",
-            format!("reservation {id} is not in the projection"),
+            format!("reservation {id} is not in the projection{retention}"),
         )
     };
     // By id alone, through the projections' id index: the same on a node

@@ -175,7 +175,12 @@ pub const PROJECTOR_NICE: i32 = 10;
 /// runtime) at a lower scheduling priority ([`PROJECTOR_NICE`]), not on the
 /// runtime that serves requests: one step folds up to thousands of events, and
 /// on a tokio worker it would hold up every request queued behind it.
-pub fn spawn<L: EventReader>(log: Arc<L>, data_dir: &FsPath, handle: QueryHandle) -> ProjectorTask {
+pub fn spawn<L: EventReader>(
+    log: Arc<L>,
+    data_dir: &FsPath,
+    retention: Option<std::time::Duration>,
+    handle: QueryHandle,
+) -> ProjectorTask {
     let (stop, stop_rx) = watch::channel(false);
     let (done_tx, done) = std::sync::mpsc::channel::<()>();
     let path = data_dir.join(PROJECTIONS_DIR);
@@ -187,7 +192,7 @@ pub fn spawn<L: EventReader>(log: Arc<L>, data_dir: &FsPath, handle: QueryHandle
                 .enable_all()
                 .build()
             {
-                Ok(runtime) => runtime.block_on(follow(log, path, handle, stop_rx)),
+                Ok(runtime) => runtime.block_on(follow(log, path, retention, handle, stop_rx)),
                 Err(err) => tracing::error!(%err, "projector runtime; queries stay unavailable"),
             }
             drop(done_tx);
@@ -251,6 +256,7 @@ async fn open_db<L: EventReader>(
 async fn follow<L: EventReader>(
     log: Arc<L>,
     path: PathBuf,
+    retention: Option<std::time::Duration>,
     handle: QueryHandle,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -263,7 +269,11 @@ async fn follow<L: EventReader>(
         let result = match opened {
             Ok(opened) => {
                 db = Some(opened.clone());
-                match Projector::open(log.clone(), opened, ProjectorConfig::default()) {
+                let config = ProjectorConfig {
+                    retention,
+                    ..ProjectorConfig::default()
+                };
+                match Projector::open(log.clone(), opened, config) {
                     Ok(projector) => {
                         handle.set(Some(Live {
                             projections: projector.projections(),

@@ -20,7 +20,7 @@ use std::path::Path;
 
 use reservoir_core::{PartitionKey, Reservation, ReservationId};
 use reservoir_log::Position;
-use rocksdb::{BlockBasedOptions, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 
 /// Records written per batch when recovery rewrites the index.
@@ -68,10 +68,10 @@ impl RetiredIndex {
     pub fn open(dir: &Path) -> Result<RetiredIndex, String> {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create the idempotency index {}: {e}", dir.display()))?;
-        let mut table = BlockBasedOptions::default();
+        let mut table =
+            reservoir_log::rocks::table_options(&rocksdb::Cache::new_lru_cache(16 << 20));
         table.set_bloom_filter(10.0, false);
         table.set_whole_key_filtering(true);
-        table.set_block_cache(&rocksdb::Cache::new_lru_cache(8 << 20));
         let mut options = Options::default();
         options.create_if_missing(true);
         // Memory stays small whatever the index holds: 16 MiB of memtables.

@@ -164,3 +164,31 @@ async fn debt_outstanding_is_a_429_with_its_type() {
     assert!(parts[0]["debt_units"].as_u64().unwrap() > 0);
     s.stop().await;
 }
+
+/// A partition with a million open reservations answers a retryable 429
+/// whose Retry-After is the hold TTL (by then every unstarted one has been
+/// released, started or expired). Hitting it takes a million open
+/// reservations (core's `reservation_and_move_limits_are_hit` does); here the
+/// answer the refusal becomes.
+#[test]
+fn the_open_reservations_limit_is_a_retryable_429() {
+    use axum::response::IntoResponse;
+    use reservoir_core::retention::MAX_OPEN_RESERVATIONS_PER_PARTITION;
+    use reservoir_core::{CapacityUnit, Rejection};
+    use reservoir_server::problem::ApiError;
+    use reservoir_server::writer::Failure;
+    let error = ApiError::from(Failure::Rejected {
+        rejection: Rejection::OpenReservationsLimit {
+            limit: MAX_OPEN_RESERVATIONS_PER_PARTITION,
+            retry_after_ms: 180_000,
+        },
+        policy_generation: Some(3),
+        capacity_unit: Some(CapacityUnit::Tokens),
+    });
+    assert_eq!(error.code(), "open_reservations_limit");
+    assert!(error.problem.retryable);
+    assert_eq!(error.problem.retry_after_ms, Some(180_000));
+    let response = error.into_response();
+    assert_eq!(response.status().as_u16(), 429);
+    assert_eq!(response.headers()["retry-after"], "180");
+}

@@ -1,0 +1,88 @@
+//! The retention rule: records of reservations that finished longer ago than
+//! the retention (in log time) are deleted with their id entry, the mark says
+//! before when, open reservations and balances are untouched, and a rebuild
+//! prunes exactly the same, however the log is cut into steps.
+
+use std::time::Duration;
+
+use reservoir_core::{Command, Policy, RequestDigest, ReservationId};
+use reservoir_projections::{dump, store, Projector, ProjectorConfig};
+
+use super::support::*;
+
+fn reserve(id: &str) -> Command {
+    Command::Reserve {
+        id: ReservationId::new(id).unwrap(),
+        digest: RequestDigest([3; 32]),
+        units: 10,
+        sizing: None,
+    }
+}
+
+fn retained(read_entries_max: usize) -> ProjectorConfig {
+    ProjectorConfig {
+        retention: Some(Duration::from_secs(10)),
+        ..config(read_entries_max)
+    }
+}
+
+#[tokio::test]
+async fn finished_records_older_than_the_retention_are_pruned_and_open_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::open(&dir.path().join("log"), "writer-1").await;
+    let chat = key("t1", "chat");
+    let policy = Policy {
+        idempotency_window_ms: 1_000,
+        ..Policy::example("t1", "chat", 1)
+    };
+    driver.open_partition(&chat, policy, 0);
+    driver.submit(&chat, reserve("open"), 5).unwrap();
+    // r-i is reserved at i s and released 1 ms later.
+    for i in 0..100u64 {
+        let id = format!("r-{i}");
+        driver.submit(&chat, reserve(&id), i * 1_000 + 10).unwrap();
+        let release = Command::Release {
+            id: ReservationId::new(&id).unwrap(),
+        };
+        driver.submit(&chat, release, i * 1_000 + 11).unwrap();
+    }
+    driver.flush().await;
+
+    let db = store::open(dir.path().join("projection")).unwrap();
+    let mut projector = Projector::open(driver.log.clone(), db.clone(), retained(16)).unwrap();
+    projector.catch_up().await.unwrap();
+    let p = projector.projections();
+    // The newest event is at 99,011 ms: everything that finished before 89,011 ms is gone.
+    assert_eq!(p.pruned_before_ms().unwrap(), Some(89_011));
+    for i in 0..100u64 {
+        let found = p.reservation_by_id(&format!("r-{i}")).unwrap().is_some();
+        assert_eq!(found, i * 1_000 + 11 >= 89_011, "r-{i}");
+    }
+    assert!(p.reservation_by_id("open").unwrap().is_some());
+    // Balances and the partition as the projector reloads it are untouched.
+    let balance = p.partition_balance(&chat).unwrap().unwrap();
+    balance.ledger.check().unwrap();
+    assert_eq!(balance.ledger, driver.partitions[&chat].ledger);
+    let stored = reservoir_projections::projector::stored_partition(&db, &chat).unwrap();
+    stored.partition.check_invariants().unwrap();
+    assert_eq!(
+        stored.partition.reservations.len(),
+        driver.partitions[&chat].reservations.len()
+    );
+
+    // Rebuilt in one go with the same rule: the same database.
+    let other = tempfile::tempdir().unwrap();
+    let rebuilt_db = store::open(other.path()).unwrap();
+    let mut rebuilt =
+        Projector::open(driver.log.clone(), rebuilt_db.clone(), retained(4_096)).unwrap();
+    rebuilt.catch_up().await.unwrap();
+    assert_eq!(dump(&rebuilt_db).unwrap(), dump(&db).unwrap());
+
+    // Without the rule every record stays.
+    let all = rebuild(driver.log.clone(), &dir.path().join("all"), 64).await;
+    let records = all
+        .iter()
+        .filter(|(cf, _, _)| cf == store::RESERVATIONS)
+        .count();
+    assert_eq!(records, 101);
+}
