@@ -39,6 +39,11 @@ async fn get(client: &reqwest::Client, base: &str, path: &str) -> (StatusCode, V
     split(client.get(format!("{base}{path}")).send().await.unwrap()).await
 }
 
+async fn metrics_text(client: &reqwest::Client, base: &str) -> String {
+    let r = client.get(format!("{base}/metrics")).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name))
@@ -126,28 +131,14 @@ async fn a_partition_admits_past_a_million_reservations_and_answers_evicted_ids(
         parts["reservations_in_memory"].as_u64().unwrap() < 50_000,
         "{parts}"
     );
-    let metrics = client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&client, &server.base).await;
     assert!(
         metric(&metrics, "reservoir_reservations_evicted_total") >= (RESERVATIONS - 50_000) as f64
     );
     assert!(metric(&metrics, "reservoir_reservations_in_memory") < 50_000.0);
 
     retried(&client, &server.base, &first).await;
-    let metrics = client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&client, &server.base).await;
     assert!(metric(&metrics, "reservoir_retired_lookups_total{result=\"hit\"}") >= 1.0);
 
     // A SIGKILL: recovery (snapshot plus the log after it) still answers it.
