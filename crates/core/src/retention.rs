@@ -32,15 +32,19 @@ pub const MAX_FINISHED_IN_MEMORY_PER_PARTITION: usize = 100_000;
 /// release or expire, and then the partition admits again.
 pub const MAX_OPEN_RESERVATIONS_PER_PARTITION: usize = 1_000_000;
 
-/// Moves finished records out of memory (into `evicted`, oldest first) once
-/// their window has passed at `now_ms`, or while more than the cap are kept.
-pub(crate) fn evict_due(p: &mut Partition, now_ms: TimestampMs, evicted: &mut Vec<Reservation>) {
-    let window = p
-        .policy
+/// The partition's idempotency window (the default before it is opened).
+fn window_ms(p: &Partition) -> u64 {
+    p.policy
         .as_ref()
         .map_or(DEFAULT_IDEMPOTENCY_WINDOW_MS, |policy| {
             policy.idempotency_window_ms
-        });
+        })
+}
+
+/// Moves finished records out of memory (into `evicted`, oldest first) once
+/// their window has passed at `now_ms`, or while more than the cap are kept.
+pub(crate) fn evict_due(p: &mut Partition, now_ms: TimestampMs, evicted: &mut Vec<Reservation>) {
+    let window = window_ms(p);
     while let Some(&(finished_at_ms, _)) = p.finished.front() {
         let over_cap = p.finished.len() > MAX_FINISHED_IN_MEMORY_PER_PARTITION;
         if !over_cap && finished_at_ms.saturating_add(window) > now_ms {
@@ -75,12 +79,7 @@ pub fn restore_in_memory(p: &mut Partition, records: impl IntoIterator<Item = Re
         p.reservations.is_empty() && p.finished.is_empty(),
         "restored into a head"
     );
-    let window = p
-        .policy
-        .as_ref()
-        .map_or(DEFAULT_IDEMPOTENCY_WINDOW_MS, |policy| {
-            policy.idempotency_window_ms
-        });
+    let window = window_ms(p);
     let mut finished = Vec::new();
     for r in records {
         match (r.state.is_terminal(), r.finished_at_ms) {

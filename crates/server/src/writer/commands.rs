@@ -10,12 +10,22 @@ use reservoir_core::{
 
 use super::pipeline::{Batch, Pending, PositionFrom, Shard, Undo};
 use super::protocol::{Amount, Answer, Failure, PartitionStatus, Request};
+use super::retired::Retired;
 use super::shard_of;
 
 /// A record that left the partition's memory, and where its last event is.
 pub(super) struct RetiredRecord {
     reservation: Reservation,
     position: PositionFrom,
+}
+
+impl From<Retired> for RetiredRecord {
+    fn from(r: Retired) -> Self {
+        RetiredRecord {
+            position: PositionFrom::Known(r.position()),
+            reservation: r.reservation,
+        }
+    }
 }
 
 impl Shard {
@@ -110,13 +120,7 @@ impl Shard {
             // Not in memory: a new id, or one that left memory (on disk).
             None => match self.retired.get(&id) {
                 Err(err) => return Pending::Ready(Err(Failure::Unavailable(err))),
-                Ok(Some(r)) => {
-                    let record = RetiredRecord {
-                        position: PositionFrom::Known(r.position()),
-                        reservation: r.reservation,
-                    };
-                    (r.key, Some(record))
-                }
+                Ok(Some(r)) => (r.key.clone(), Some(RetiredRecord::from(r))),
                 Ok(None) => match self.state.active.get(&(subject, route)) {
                     Some(key) => (key.clone(), None),
                     None => return Pending::Ready(Err(Failure::NoPolicy)),
@@ -188,10 +192,7 @@ impl Shard {
             return Ok(None);
         }
         match self.retired.get(id).map_err(Failure::Unavailable)? {
-            Some(r) if r.key == *key => Ok(Some(RetiredRecord {
-                position: PositionFrom::Known(r.position()),
-                reservation: r.reservation,
-            })),
+            Some(r) if r.key == *key => Ok(Some(r.into())),
             _ => Ok(None),
         }
     }
