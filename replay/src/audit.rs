@@ -8,7 +8,9 @@
 //! after the event. The whole history is replayed (balances need it); `--from`
 //! and `--to` choose which rows are printed and summed. A summary closes it:
 //! reserved, spent, refunded, expired, overdraft issued and repaid, refusals,
-//! and the balances at the end, per partition and in total.
+//! and the balances at the start and the end, per partition and in total.
+//! `--format html` draws the same rows and summary as one self-contained page
+//! ([`crate::html`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -28,7 +30,7 @@ impl crate::engine::Visit for Statement<'_> {
 
 /// Short names of the terms for the table (an exhaustive match: a new term
 /// cannot go without one).
-fn short(term: Term) -> &'static str {
+pub fn short(term: Term) -> &'static str {
     match term {
         Term::Opening => "opening",
         Term::Minted => "minted",
@@ -51,7 +53,23 @@ pub enum Format {
     Table,
     Jsonl,
     Csv,
+    /// One self-contained, printable page with a timeline (a file, `-o`).
+    Html,
 }
+
+/// What a statement covers: its tenant, optionally one route, and the range
+/// of rows (`--from`, `--to`).
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    pub tenant: String,
+    pub route: Option<String>,
+    pub from: Option<Point>,
+    pub to: Option<Point>,
+}
+
+/// Rows an HTML statement holds at most (it is drawn at the end, so its rows
+/// stay in memory); `--html-rows-max` changes it.
+pub const HTML_ROWS_MAX_DEFAULT: usize = 100_000;
 
 /// Totals over the rows of the statement.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -69,9 +87,15 @@ pub struct Summary {
     pub refusals: u64,
     pub conservation_failures: u64,
     pub findings: u64,
+    /// Every term just before the first row of the range, summed over the
+    /// tenant's partitions (a partition opened inside the range starts at 0).
+    pub balances_at_start: Ledger,
+    pub debt_units_at_start: u64,
     /// Every term at the end of the range, summed over the tenant's partitions.
     pub balances: Ledger,
     pub debt_units: u64,
+    /// Every term just before the first row of the range, per partition.
+    pub partitions_at_start: BTreeMap<String, Ledger>,
     /// Every term at the end of the range, per partition.
     pub partitions: BTreeMap<String, Ledger>,
 }
@@ -98,26 +122,24 @@ pub struct Row {
 pub struct Statement<'w> {
     out: &'w mut dyn Write,
     format: Format,
-    from: Option<Point>,
-    to: Option<Point>,
+    scope: Scope,
     pub summary: Summary,
     pub error: Option<std::io::Error>,
+    /// `--format html`: the rows, kept for the page drawn at the end.
+    html: crate::html::Collected,
+    pub html_rows_max: usize,
 }
 
 impl<'w> Statement<'w> {
-    pub fn new(
-        out: &'w mut dyn Write,
-        format: Format,
-        from: Option<Point>,
-        to: Option<Point>,
-    ) -> Self {
+    pub fn new(out: &'w mut dyn Write, format: Format, scope: Scope) -> Self {
         let mut s = Self {
             out,
             format,
-            from,
-            to,
+            scope,
             summary: Summary::default(),
             error: None,
+            html: crate::html::Collected::default(),
+            html_rows_max: HTML_ROWS_MAX_DEFAULT,
         };
         s.header();
         s
@@ -175,7 +197,7 @@ impl<'w> Statement<'w> {
                 header.push("conservation".into());
                 self.csv_row(&header);
             }
-            Format::Jsonl => {}
+            Format::Jsonl | Format::Html => {}
         }
     }
 
@@ -203,19 +225,27 @@ impl<'w> Statement<'w> {
     /// One applied event.
     fn applied(&mut self, a: &Applied<'_>) {
         let (lp, offset, at) = (a.position.log_partition, a.position.offset, a.event.at_ms);
-        let in_range = self
-            .from
-            .as_ref()
-            .is_none_or(|p| p.admits_from(lp, offset, at))
-            && self.to.as_ref().is_none_or(|p| p.admits_to(lp, offset, at));
+        let (from, to) = (&self.scope.from, &self.scope.to);
+        let up_to_end = to.as_ref().is_none_or(|p| p.admits_to(lp, offset, at));
+        let in_range = from.as_ref().is_none_or(|p| p.admits_from(lp, offset, at)) && up_to_end;
         let after = a.state.partition.ledger;
         let key_text = a.key.to_string();
         if in_range {
             self.count(&a.event.body);
         }
-        // The balances at the end of the range, whether or not rows are printed.
-        if self.to.as_ref().is_none_or(|p| p.admits_to(lp, offset, at)) {
+        // The balances at the start and the end of the range, whether or not
+        // rows are printed.
+        if up_to_end {
+            let at_start = &mut self.summary.partitions_at_start;
+            if in_range {
+                at_start.entry(key_text.clone()).or_insert(a.before);
+            } else {
+                at_start.insert(key_text.clone(), after);
+            }
             self.summary.partitions.insert(key_text.clone(), after);
+            if self.format == Format::Html && !self.html.keys.contains_key(&key_text) {
+                self.html.keys.insert(key_text.clone(), a.key.clone());
+            }
         }
         if !in_range {
             return;
@@ -245,7 +275,7 @@ impl<'w> Statement<'w> {
             debt_units: a.state.partition.debt_units(),
             conservation,
         };
-        self.row(&row);
+        self.row(row);
     }
 
     fn count(&mut self, body: &EventBody) {
@@ -281,8 +311,19 @@ impl<'w> Statement<'w> {
         }
     }
 
-    fn row(&mut self, row: &Row) {
+    fn row(&mut self, row: Row) {
+        let row = &row;
         match self.format {
+            Format::Html => {
+                if self.html.rows.len() < self.html_rows_max {
+                    self.html.rows.push(row.clone());
+                } else if self.error.is_none() {
+                    self.error = Some(std::io::Error::other(format!(
+                        "an HTML statement holds at most {} rows (--html-rows-max): narrow it with --from/--to or --route, or use --format jsonl",
+                        self.html_rows_max
+                    )));
+                }
+            }
             Format::Jsonl => {
                 let mut line = serde_json::to_vec(&json!({"kind": "event", "row": row}))
                     .expect("rows serialize");
@@ -346,16 +387,29 @@ impl<'w> Statement<'w> {
     /// Findings, then the summary; closes the statement.
     pub fn finish(&mut self, findings: &[Finding]) {
         self.summary.findings = findings.len() as u64;
-        let mut total = Ledger::default();
-        for l in self.summary.partitions.values() {
-            for (t, slot) in total.terms_mut() {
-                *slot += l.get(t);
-            }
-        }
-        self.summary.balances = total;
-        self.summary.debt_units = total.debt_units().unwrap_or(0);
+        let (start, end) = (
+            total(self.summary.partitions_at_start.values()),
+            total(self.summary.partitions.values()),
+        );
+        self.summary.balances_at_start = start;
+        self.summary.debt_units_at_start = start.debt_units().unwrap_or(0);
+        self.summary.balances = end;
+        self.summary.debt_units = end.debt_units().unwrap_or(0);
         let summary = self.summary.clone();
         match self.format {
+            Format::Html => {
+                let page = crate::html::Page {
+                    scope: &self.scope,
+                    summary: &summary,
+                    rows: &self.html.rows,
+                    keys: &self.html.keys,
+                    findings,
+                };
+                match crate::html::render(&page) {
+                    Ok(text) => self.write(text.as_bytes()),
+                    Err(e) => self.error = Some(std::io::Error::other(e)),
+                }
+            }
             Format::Jsonl => {
                 for f in findings {
                     let mut line = serde_json::to_vec(&json!({"kind": "finding", "finding": f}))
@@ -403,6 +457,17 @@ impl<'w> Statement<'w> {
     }
 }
 
+/// The terms of `ledgers`, summed.
+fn total<'a>(ledgers: impl Iterator<Item = &'a Ledger>) -> Ledger {
+    let mut sum = Ledger::default();
+    for l in ledgers {
+        for (t, slot) in sum.terms_mut() {
+            *slot += l.get(t);
+        }
+    }
+    sum
+}
+
 fn summary_pairs(s: &Summary) -> Vec<(String, String)> {
     let mut pairs = vec![
         ("events".to_string(), s.events.to_string()),
@@ -426,8 +491,15 @@ fn summary_pairs(s: &Summary) -> Vec<(String, String)> {
             s.conservation_failures.to_string(),
         ),
         ("findings".into(), s.findings.to_string()),
+        (
+            "debt_units (start)".into(),
+            s.debt_units_at_start.to_string(),
+        ),
         ("debt_units (end)".into(), s.debt_units.to_string()),
     ];
+    for (name, value) in s.balances_at_start.terms() {
+        pairs.push((format!("total {name} (start)"), value.to_string()));
+    }
     for (name, value) in s.balances.terms() {
         pairs.push((format!("total {name} (end)"), value.to_string()));
     }

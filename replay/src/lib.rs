@@ -6,7 +6,9 @@
 //! binary:
 //! - [`audit`]: one disputed tenant's statement — every event in order, the
 //!   reservation it touched, the change to every conservation term, the running
-//!   balances and the conservation check after each event, and a summary.
+//!   balances and the conservation check after each event, and a summary;
+//!   as a table, JSON lines, CSV, or one self-contained HTML page ([`html`],
+//!   its timeline drawn by `chart` with plotters' SVG backend).
 //! - [`state`]: balances and reservations exactly as they stood at a time or log
 //!   position, as deterministic JSON (the same bytes the live projection holds).
 //! - [`verify`]: re-derive every partition and compare with live projections.
@@ -23,8 +25,10 @@
 use std::collections::BTreeMap;
 
 pub mod audit;
+mod chart;
 pub mod engine;
 pub mod export;
+pub mod html;
 pub mod progress;
 pub mod source;
 pub mod state;

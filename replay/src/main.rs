@@ -9,7 +9,7 @@
 //! `verify`, differences) were reported; 2 bad usage or an unreadable log or
 //! output; 3 `--strict` stopped at the first finding.
 
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 use reservoir_log::EventReader;
 use reservoir_projections::{store, Projector, ProjectorConfig};
-use reservoir_replay::audit::{self, Format, Statement};
+use reservoir_replay::audit::{self, Format, Scope, Statement};
 use reservoir_replay::engine::{self, Nothing};
 use reservoir_replay::export::{ExportFormat, Exporter};
 use reservoir_replay::{
@@ -117,6 +117,12 @@ enum Command {
         to: Option<Point>,
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
+        /// Output file (standard output when absent; `html` wants a file).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Rows an HTML statement holds at most (it is drawn at the end).
+        #[arg(long, default_value_t = audit::HTML_ROWS_MAX_DEFAULT)]
+        html_rows_max: usize,
     },
     /// Balances and reservations as they stood at a point, as deterministic
     /// JSON (the bytes the live projection stores).
@@ -214,7 +220,11 @@ fn spec(log: &LogArgs) -> Result<SourceSpec, Stop> {
 
 fn output(path: Option<&PathBuf>) -> Result<Box<dyn Write>, Stop> {
     Ok(match path {
-        Some(p) => Box::new(BufWriter::new(std::fs::File::create(p)?)),
+        Some(p) => {
+            Box::new(BufWriter::new(std::fs::File::create(p).map_err(|e| {
+                Stop::Error(format!("cannot create {}: {e}", p.display()))
+            })?))
+        }
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     })
 }
@@ -222,6 +232,19 @@ fn output(path: Option<&PathBuf>) -> Result<Box<dyn Write>, Stop> {
 /// Ok(true) clean, Ok(false) findings or differences reported.
 async fn run(cli: Cli) -> Result<bool, Stop> {
     let started = std::time::Instant::now();
+    if let Command::Audit {
+        format: Format::Html,
+        output: None,
+        ..
+    } = &cli.command
+    {
+        if std::io::stdout().is_terminal() {
+            return Err(Stop::Error(
+                "an HTML statement is a file: name it with -o FILE (or redirect standard output)"
+                    .into(),
+            ));
+        }
+    }
     if let Command::State {
         from_projections: Some(dir),
         ..
@@ -253,12 +276,21 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             from,
             to,
             format,
+            output: path,
+            html_rows_max,
         } => {
             let limit = Point::as_upper(to.as_ref(), &ends);
             let mut engine = Engine::new(source.log_partitions(), cli.strict, limit.until_ms);
-            engine.filter = Box::new(audit::filter(tenant, route));
-            let mut out = output(None)?;
-            let mut statement = Statement::new(&mut out, format, from, to);
+            engine.filter = Box::new(audit::filter(tenant.clone(), route.clone()));
+            let mut out = output(path.as_ref())?;
+            let scope = Scope {
+                tenant,
+                route,
+                from,
+                to,
+            };
+            let mut statement = Statement::new(&mut out, format, scope);
+            statement.html_rows_max = html_rows_max;
             let bar = progress::bar(limit.ends.iter().sum(), cli.quiet);
             let result = engine::run(&source, &mut engine, &limit, &mut statement, &|n| {
                 bar.inc(n)

@@ -6,6 +6,7 @@ mod replay {
     mod audit;
     mod decode;
     mod determinism;
+    mod html;
     pub mod support;
     mod tamper;
 }

@@ -120,6 +120,31 @@ async fn changed_missing_and_undecodable_entries_are_located() {
         "{findings:?}"
     );
     assert_eq!(f["log_partition"], 0);
+    // The HTML statement shows every finding, highlighted, at its place.
+    let page_path = dir.path().join("changed.html");
+    let out = replay(&[
+        "--log-dir",
+        changed.to_str().unwrap(),
+        "audit",
+        "--tenant",
+        "acme",
+        "--format",
+        "html",
+        "-o",
+        page_path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(&page_path).unwrap();
+    assert_eq!(
+        page.matches("<tr class=\"finding\"").count(),
+        findings.len()
+    );
+    let first = page.find("<tr class=\"finding\" id=\"finding-0\"").unwrap();
+    assert!(page[first..].contains(&format!("offset {offset}")));
+    let later_row = format!("<td>0:{}</td>", offset + 1);
+    if let Some(later) = page.find(&later_row) {
+        assert!(first < later, "the finding is placed before later rows");
+    }
     let (code, _, stderr) = audit_findings(&changed, true);
     assert_eq!(code, Some(3), "{stderr}");
     assert!(
