@@ -28,6 +28,12 @@
 //! in-memory state ahead of the database, so the projector refuses further work
 //! ([`ProjectionError::Poisoned`]) and must be reopened, which reloads from the
 //! committed state.
+//!
+//! Metrics (through the `metrics` facade): `reservoir_projection_lag_entries`
+//! per log partition, `reservoir_projected_events_total`, and per route, from
+//! its committed roll-up, `reservoir_debt_units` and
+//! `reservoir_frozen_partitions` (partitions refusing admission while they owe
+//! debt): published for every route on open and for each route a step changed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -46,7 +52,7 @@ use crate::model::{
     PartitionProjection, Refusal, ReservationRecord, Rollup,
 };
 use crate::sketch::RollingDigest;
-use crate::store::{self, encode, get, get_raw, store_error};
+use crate::store::{self, decode, encode, get, get_raw, scan_prefix, store_error};
 use crate::{ProjectionError, Projections};
 
 /// How often a following projector publishes its lag (a look at the log's end
@@ -171,6 +177,10 @@ impl<L: EventReader> Projector<L> {
             });
         }
         let (positions, _) = watch::channel(cursors.iter().map(|c| c.next_offset).collect());
+        for (route, value) in scan_prefix(&db, store::ROUTE_BALANCES, "")? {
+            let rollup: Rollup = decode(store::ROUTE_BALANCES, &route, &value)?;
+            publish_route(&String::from_utf8_lossy(&route), &rollup);
+        }
         Ok(Self {
             log,
             db,
@@ -277,7 +287,11 @@ impl<L: EventReader> Projector<L> {
             let keep_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
             prune(&db, &mut work, self.newest_at_ms.saturating_sub(keep_ms))?;
         }
+        let routes = std::mem::take(&mut work.routes);
         self.commit(work)?;
+        for (route, rollup) in &routes {
+            publish_route(route, rollup);
+        }
         self.poisoned = false;
         let _ = self.positions.send(self.positions());
         Ok(outcome)
@@ -438,6 +452,16 @@ struct Work {
     digests: BTreeMap<String, RollingDigest>,
     histograms: BTreeMap<(&'static str, String), EfficiencyHistogram>,
     drifts: BTreeMap<String, InputDrift>,
+    /// Route roll-ups this step changed, published once it is committed.
+    routes: Vec<(String, Rollup)>,
+}
+
+/// A route's debt and frozen partitions, from its roll-up, as gauges.
+fn publish_route(route: &str, rollup: &Rollup) {
+    let route = route.to_string();
+    metrics::gauge!("reservoir_debt_units", "route" => route.clone()).set(rollup.debt_units as f64);
+    metrics::gauge!("reservoir_frozen_partitions", "route" => route)
+        .set(rollup.frozen_partitions as f64);
 }
 
 impl Work {
@@ -532,7 +556,10 @@ impl Work {
             }
         }
         for ((cf, key), rollup) in rollups {
-            self.put(cf, key, encode(&rollup));
+            self.put(cf, key.clone(), encode(&rollup));
+            if cf == store::ROUTE_BALANCES {
+                self.routes.push((key, rollup));
+            }
         }
         let mut evicted = std::mem::take(&mut self.evicted);
         for (key, id) in std::mem::take(&mut self.reservations) {

@@ -2,7 +2,10 @@
 //! counters and histograms the writer and the API record through the `metrics` facade.
 //!
 //! - `reservoir_admissions_total{route}`: reservations admitted (committed).
-//! - `reservoir_refusals_total{reason}`: limit refusals (committed `AdmissionRefused`).
+//! - `reservoir_refusals_total{reason,route}`: limit refusals (committed `AdmissionRefused`).
+//! - `reservoir_shadow_verdicts_total{route,verdict}`: what a policy in shadow
+//!   mode would have decided (`would_admit`, `would_refuse_*`) for each reserve
+//!   it admitted anyway.
 //! - `reservoir_rejections_total{code}`: every other answered rejection, by problem code.
 //! - `reservoir_batch_commands`, `reservoir_batch_records`: group-commit batch sizes.
 //! - `reservoir_append_seconds`: log append latency; `reservoir_append_failures_total`.
@@ -12,11 +15,18 @@
 //!   records moved to the idempotency index; `reservoir_retired_lookups_total{result}`:
 //!   lookups in that index (`miss` for every new reserve, `hit` for a retry of an
 //!   evicted id).
+//! - `reservoir_overdraft_units_total{route}`, `reservoir_expired_total`,
+//!   `reservoir_usage_unknown_total`.
+//! - From the projector (`reservoir_projections`): `reservoir_projection_lag_entries{log_partition}`,
+//!   and per route `reservoir_debt_units` and `reservoir_frozen_partitions`.
+//!
+//! `deploy/grafana/dashboards/reservoir.json` draws these; a test checks that
+//! every metric it names is exported by a running server.
 
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use reservoir_core::{EventBody, Partition, PartitionKey};
+use reservoir_core::{EventBody, Partition, PartitionKey, ShadowVerdict};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -57,6 +67,16 @@ pub fn install() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
             }
+            // Counters without labels exist from the start, at 0: a rate over a
+            // series that appears only with the first failure shows "no data"
+            // instead of 0 until then (the dashboard in deploy/grafana).
+            for name in [
+                "reservoir_append_failures_total",
+                "reservoir_expired_total",
+                "reservoir_usage_unknown_total",
+            ] {
+                metrics::counter!(name).increment(0);
+            }
             handle
         })
         .clone()
@@ -65,10 +85,22 @@ pub fn install() -> PrometheusHandle {
 /// Records what one committed event means for the metrics.
 pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Partition>) {
     match body {
-        EventBody::Reserved { .. } => {
+        EventBody::Reserved { shadow, .. } => {
             metrics::counter!("reservoir_admissions_total", "route" => key.route.clone())
                 .increment(1);
             metrics::gauge!("reservoir_reservations_in_memory").increment(1.0);
+            if let Some(verdict) = shadow {
+                let verdict = match verdict {
+                    ShadowVerdict::WouldAdmit => "would_admit",
+                    ShadowVerdict::WouldRefuseInsufficientCapacity => {
+                        "would_refuse_insufficient_capacity"
+                    }
+                    ShadowVerdict::WouldRefuseDebtOutstanding => "would_refuse_debt_outstanding",
+                    ShadowVerdict::WouldRefuseRequestTooLarge => "would_refuse_request_too_large",
+                };
+                metrics::counter!("reservoir_shadow_verdicts_total", "route" => key.route.clone(), "verdict" => verdict)
+                    .increment(1);
+            }
         }
         EventBody::AdmissionRefused { reason, .. } => {
             let reason = match reason {
@@ -76,7 +108,8 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Par
                 reservoir_core::RefusalReason::DebtOutstanding => "debt_outstanding",
                 reservoir_core::RefusalReason::RequestTooLarge => "request_too_large",
             };
-            metrics::counter!("reservoir_refusals_total", "reason" => reason).increment(1);
+            metrics::counter!("reservoir_refusals_total", "reason" => reason, "route" => key.route.clone())
+                .increment(1);
         }
         EventBody::Settled {
             id,

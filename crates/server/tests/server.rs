@@ -18,6 +18,8 @@ mod cluster;
 mod config;
 #[path = "server/crash.rs"]
 mod crash;
+#[path = "server/dashboard.rs"]
+mod dashboard;
 #[path = "server/failures.rs"]
 mod failures;
 #[path = "server/idempotency.rs"]
