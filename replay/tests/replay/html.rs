@@ -7,6 +7,9 @@
 //! control page shows the check would see); and its screenshot has the chart
 //! in it. Bad input (no room for the rows, an output that cannot be created,
 //! a terminal as output) is a clear error, never a panic.
+//!
+//! `RESERVOIR_STATEMENT_EXAMPLE=PATH` copies the screenshot to PATH: that is
+//! how `replay/docs/statement-example.png` (the README's) was made.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
