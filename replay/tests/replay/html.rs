@@ -44,17 +44,7 @@ async fn statement_page_draws_the_json_statement() {
     assert!(summary["minted_units"].as_u64().unwrap() > 0);
 
     let page_path = dir.path().join("statement.html");
-    let out = replay(&[
-        "--log-dir",
-        log,
-        "audit",
-        "--tenant",
-        "acme",
-        "--format",
-        "html",
-        "-o",
-        page_path.to_str().unwrap(),
-    ]);
+    let out = audit(log, "acme", "html", &["-o", page_path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let page = std::fs::read_to_string(&page_path).unwrap();
 
@@ -145,20 +135,7 @@ async fn generation_switch(s: &Server) {
 
 /// The JSON lines statement: its rows and its summary.
 fn jsonl_statement(log: &str) -> (Vec<Value>, Value) {
-    let out = replay(&[
-        "--log-dir",
-        log,
-        "audit",
-        "--tenant",
-        "acme",
-        "--format",
-        "jsonl",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let lines: Vec<Value> = text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&audit(log, "acme", "jsonl", &[]));
     let rows = lines
         .iter()
         .filter(|l| l["kind"] == "event")
@@ -500,17 +477,7 @@ fn bad_input(log: &str, dir: &Path) {
         (vec!["-o", missing.to_str().unwrap()], "cannot create"),
     ];
     for (extra, message) in rows {
-        let mut args = vec![
-            "--log-dir",
-            log,
-            "audit",
-            "--tenant",
-            "acme",
-            "--format",
-            "html",
-        ];
-        args.extend(&extra);
-        let out = replay(&args);
+        let out = audit(log, "acme", "html", &extra);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
         assert!(
@@ -519,15 +486,7 @@ fn bad_input(log: &str, dir: &Path) {
         );
     }
     // A pipe is a file too: the page goes to standard output.
-    let out = replay(&[
-        "--log-dir",
-        log,
-        "audit",
-        "--tenant",
-        "acme",
-        "--format",
-        "html",
-    ]);
+    let out = audit(log, "acme", "html", &[]);
     assert!(out.status.success() && text(&out.stdout).starts_with("<!DOCTYPE html>"));
     // A terminal is not: refused before the log is read.
     let command = format!(
@@ -541,15 +500,7 @@ fn bad_input(log: &str, dir: &Path) {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("an HTML statement is a file"));
     // A tenant without events: a page that says so.
-    let out = replay(&[
-        "--log-dir",
-        log,
-        "audit",
-        "--tenant",
-        "nobody",
-        "--format",
-        "html",
-    ]);
+    let out = audit(log, "nobody", "html", &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("No event in the range."));
 }

@@ -53,6 +53,30 @@ pub fn replay(args: &[&str]) -> Output {
         .expect("run reservoir-replay")
 }
 
+/// `reservoir-replay --log-dir LOG audit --tenant TENANT --format FORMAT EXTRA…`.
+pub fn audit(log: &str, tenant: &str, format: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "--log-dir",
+        log,
+        "audit",
+        "--tenant",
+        tenant,
+        "--format",
+        format,
+    ];
+    args.extend_from_slice(extra);
+    replay(&args)
+}
+
+/// The lines of a successful JSON lines output, parsed.
+pub fn json_lines(out: &Output) -> Vec<Value> {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

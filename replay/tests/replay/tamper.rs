@@ -122,17 +122,12 @@ async fn changed_missing_and_undecodable_entries_are_located() {
     assert_eq!(f["log_partition"], 0);
     // The HTML statement shows every finding, highlighted, at its place.
     let page_path = dir.path().join("changed.html");
-    let out = replay(&[
-        "--log-dir",
+    let out = audit(
         changed.to_str().unwrap(),
-        "audit",
-        "--tenant",
         "acme",
-        "--format",
         "html",
-        "-o",
-        page_path.to_str().unwrap(),
-    ]);
+        &["-o", page_path.to_str().unwrap()],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let page = std::fs::read_to_string(&page_path).unwrap();
     assert_eq!(
