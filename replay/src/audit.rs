@@ -8,18 +8,21 @@
 //! after the event. The whole history is replayed (balances need it); `--from`
 //! and `--to` choose which rows are printed and summed. A summary closes it:
 //! reserved, spent, refunded, expired, overdraft issued and repaid, refusals,
-//! and the balances at the start and the end, per partition and in total.
+//! and the balances at the start and the end, per partition and in total
+//! ([`Summary`], in `summary.rs`).
 //! `--format html` draws the same rows and summary as one self-contained page
 //! ([`crate::html`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use reservoir_core::{EventBody, Ledger, PartitionKey, Term};
+use reservoir_core::{Ledger, PartitionKey, Term};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::engine::{Applied, Finding};
+pub use crate::summary::Summary;
+use crate::summary::{summary_pairs, total};
 use crate::Point;
 
 impl crate::engine::Visit for Statement<'_> {
@@ -70,35 +73,6 @@ pub struct Scope {
 /// Rows an HTML statement holds at most (it is drawn at the end, so its rows
 /// stay in memory); `--html-rows-max` changes it.
 pub const HTML_ROWS_MAX_DEFAULT: usize = 100_000;
-
-/// Totals over the rows of the statement.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Summary {
-    pub events: u64,
-    pub reservations: u64,
-    pub reserved_units: u64,
-    pub spent_units: u64,
-    /// Returned by settlements and releases (expiries are counted apart).
-    pub refunded_units: u64,
-    pub expired_units: u64,
-    pub minted_units: u64,
-    pub overdraft_issued_units: u64,
-    pub overdraft_repaid_units: u64,
-    pub refusals: u64,
-    pub conservation_failures: u64,
-    pub findings: u64,
-    /// Every term just before the first row of the range, summed over the
-    /// tenant's partitions (a partition opened inside the range starts at 0).
-    pub balances_at_start: Ledger,
-    pub debt_units_at_start: u64,
-    /// Every term at the end of the range, summed over the tenant's partitions.
-    pub balances: Ledger,
-    pub debt_units: u64,
-    /// Every term just before the first row of the range, per partition.
-    pub partitions_at_start: BTreeMap<String, Ledger>,
-    /// Every term at the end of the range, per partition.
-    pub partitions: BTreeMap<String, Ledger>,
-}
 
 /// One row of the statement.
 #[derive(Clone, Debug, Serialize)]
@@ -231,7 +205,7 @@ impl<'w> Statement<'w> {
         let after = a.state.partition.ledger;
         let key_text = a.key.to_string();
         if in_range {
-            self.count(&a.event.body);
+            self.summary.count(&a.event.body);
         }
         // The balances at the start and the end of the range, whether or not
         // rows are printed.
@@ -276,39 +250,6 @@ impl<'w> Statement<'w> {
             conservation,
         };
         self.row(row);
-    }
-
-    fn count(&mut self, body: &EventBody) {
-        let s = &mut self.summary;
-        s.events += 1;
-        match body {
-            EventBody::Reserved { held_units, .. } => {
-                s.reservations += 1;
-                s.reserved_units += held_units;
-            }
-            EventBody::Settled {
-                actual_units,
-                refunded_units,
-                overdraft_units,
-                ..
-            } => {
-                s.spent_units += actual_units;
-                s.refunded_units += refunded_units;
-                s.overdraft_issued_units += overdraft_units;
-            }
-            EventBody::Released { refunded_units, .. } => s.refunded_units += refunded_units,
-            EventBody::Expired { refunded_units, .. } => s.expired_units += refunded_units,
-            EventBody::Refilled {
-                minted_units,
-                repaid_units,
-                ..
-            } => {
-                s.minted_units += minted_units;
-                s.overdraft_repaid_units += repaid_units;
-            }
-            EventBody::AdmissionRefused { .. } => s.refusals += 1,
-            _ => {}
-        }
     }
 
     fn row(&mut self, row: Row) {
@@ -455,65 +396,6 @@ impl<'w> Statement<'w> {
             }
         }
     }
-}
-
-/// The terms of `ledgers`, summed.
-fn total<'a>(ledgers: impl Iterator<Item = &'a Ledger>) -> Ledger {
-    let mut sum = Ledger::default();
-    for l in ledgers {
-        for (t, slot) in sum.terms_mut() {
-            *slot += l.get(t);
-        }
-    }
-    sum
-}
-
-fn summary_pairs(s: &Summary) -> Vec<(String, String)> {
-    let mut pairs = vec![
-        ("events".to_string(), s.events.to_string()),
-        ("reservations".into(), s.reservations.to_string()),
-        ("reserved_units".into(), s.reserved_units.to_string()),
-        ("spent_units".into(), s.spent_units.to_string()),
-        ("refunded_units".into(), s.refunded_units.to_string()),
-        ("expired_units".into(), s.expired_units.to_string()),
-        ("minted_units".into(), s.minted_units.to_string()),
-        (
-            "overdraft_issued_units".into(),
-            s.overdraft_issued_units.to_string(),
-        ),
-        (
-            "overdraft_repaid_units".into(),
-            s.overdraft_repaid_units.to_string(),
-        ),
-        ("refusals".into(), s.refusals.to_string()),
-        (
-            "conservation_failures".into(),
-            s.conservation_failures.to_string(),
-        ),
-        ("findings".into(), s.findings.to_string()),
-        (
-            "debt_units (start)".into(),
-            s.debt_units_at_start.to_string(),
-        ),
-        ("debt_units (end)".into(), s.debt_units.to_string()),
-    ];
-    for (name, value) in s.balances_at_start.terms() {
-        pairs.push((format!("total {name} (start)"), value.to_string()));
-    }
-    for (name, value) in s.balances.terms() {
-        pairs.push((format!("total {name} (end)"), value.to_string()));
-    }
-    for (key, l) in &s.partitions {
-        let check = if l.check().is_ok() { "ok" } else { "BROKEN" };
-        pairs.push((
-            format!("partition {key}"),
-            format!(
-                "available={} reserved={} spent={} overdraft_issued={} overdraft_repaid={} conservation={check}",
-                l.available_units, l.reserved_units, l.spent_units, l.overdraft_issued_units, l.overdraft_repaid_units
-            ),
-        ));
-    }
-    pairs
 }
 
 /// RFC 3339 with milliseconds.

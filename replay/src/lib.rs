@@ -32,6 +32,7 @@ pub mod html;
 pub mod progress;
 pub mod source;
 pub mod state;
+mod summary;
 pub mod verify;
 
 pub use engine::{Engine, Finding, Limit};

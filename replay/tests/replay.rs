@@ -4,6 +4,7 @@
 
 mod replay {
     mod audit;
+    pub mod browser;
     mod decode;
     mod determinism;
     mod html;

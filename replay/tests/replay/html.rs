@@ -12,12 +12,13 @@
 //! how `replay/docs/statement-example.png` (the README's) was made.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use reservoir_core::{Ledger, Term};
 use serde_json::{json, Value};
 
+use super::browser::{chromium, render};
 use super::support::*;
 
 /// The chart's window for screenshots (the README's example image too).
@@ -68,7 +69,7 @@ async fn statement_page_draws_the_json_statement() {
     let open_path = dir.path().join("statement-open.html");
     std::fs::write(&open_path, &open).unwrap();
     let shot = dir.path().join("statement.png");
-    let requests = render(&chromium, &open_path, &shot, dir.path());
+    let requests = render(&chromium, &open_path, &shot, WINDOW, dir.path());
     assert!(requests.is_empty(), "the page requested {requests:?}");
     screenshot_has_the_chart(&shot);
     if let Ok(example) = std::env::var("RESERVOIR_STATEMENT_EXAMPLE") {
@@ -94,6 +95,7 @@ async fn statement_page_draws_the_json_statement() {
         &chromium,
         &control_path,
         &dir.path().join("control.png"),
+        WINDOW,
         dir.path(),
     );
     assert_eq!(requests, vec![probe], "the control page's request is seen");
@@ -370,76 +372,6 @@ fn refusals_marked(page: &str, rows: &[Value]) {
         assert!((Mapping::value(map.x, cross.0) - at as f64).abs() <= tx);
         assert!((Mapping::value(map.y, cross.1) - available as f64).abs() <= ty);
     }
-}
-
-/// Debian's `chromium`; its absence fails under CI=true (scripts/setup installs it).
-fn chromium() -> Option<PathBuf> {
-    for name in ["chromium", "chromium-browser"] {
-        if let Ok(out) = Command::new("sh")
-            .args(["-c", &format!("command -v {name}")])
-            .output()
-        {
-            if out.status.success() {
-                return Some(PathBuf::from(text(&out.stdout).trim()));
-            }
-        }
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true but chromium is not installed (scripts/setup installs Debian's chromium)"
-    );
-    eprintln!("\n*** SKIPPED (no chromium): the statement page was not rendered; scripts/setup installs it ***\n");
-    None
-}
-
-/// Renders `page` to `png` in headless Chromium; returns the URLs the page
-/// requested (from Chromium's NetLog: requests made on behalf of a file://
-/// page, other than file:// and data: ones). Host names resolve nowhere, so
-/// nothing leaves the machine even if something were requested.
-fn render(chromium: &Path, page: &Path, png: &Path, scratch: &Path) -> Vec<String> {
-    let netlog = png.with_extension("netlog.json");
-    let profile = tempfile::tempdir_in(scratch).unwrap();
-    let out = Command::new(chromium)
-        .args([
-            "--headless",
-            "--disable-gpu",
-            "--no-sandbox",
-            "--hide-scrollbars",
-        ])
-        .args(["--no-first-run", "--disable-background-networking"])
-        .arg("--host-resolver-rules=MAP * ~NOTFOUND")
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("--window-size={},{}", WINDOW.0, WINDOW.1))
-        .arg(format!("--log-net-log={}", netlog.display()))
-        .arg(format!("--screenshot={}", png.display()))
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .expect("run chromium");
-    assert!(
-        out.status.success() && png.exists(),
-        "chromium: {}",
-        text(&out.stderr)
-    );
-    let log: Value = serde_json::from_str(&std::fs::read_to_string(&netlog).unwrap()).unwrap();
-    let start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"].clone();
-    assert!(start_job.is_u64(), "NetLog without URL_REQUEST_START_JOB");
-    let mut urls: Vec<String> = log["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["type"] == start_job)
-        .filter(|e| {
-            let p = &e["params"];
-            p["network_isolation_key"]
-                .as_str()
-                .is_some_and(|k| k.starts_with("file://"))
-        })
-        .filter_map(|e| e["params"]["url"].as_str())
-        .filter(|u| !u.starts_with("file:") && !u.starts_with("data:"))
-        .map(str::to_string)
-        .collect();
-    urls.dedup();
-    urls
 }
 
 /// The screenshot is the window's size and shows the chart's lines.
