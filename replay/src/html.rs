@@ -62,7 +62,8 @@ footer { margin-top: 24px; color: #777; font-size: 11px; }
   body { margin: 0; font-size: 10px; }
   th, td { padding: 1px 4px; }
   thead { display: table-header-group; }
-  tr, figure { break-inside: avoid; }
+  tr, figure, #timeline, #terms { break-inside: avoid; }
+  h2 { break-after: avoid; }
   * { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
 }
 "#;
