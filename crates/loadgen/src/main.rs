@@ -3,6 +3,9 @@
 //! - `run`: one bounded run against `reservoir` (HTTP) or `redis` (Lua), printing
 //!   a table and, as the last line, the JSON summary (also appended to
 //!   `--json-out`). Exits 2 when the run had errors.
+//! - `publish`: only publishes the policies `run` would publish (for another
+//!   client, such as `wrk` or `redis-benchmark`); for Redis it also loads the
+//!   scripts and prints their digests.
 //! - `report`: the Markdown comparison of several JSON result lines.
 //! - `wait`: waits (bounded) until a target answers (`/readyz` or `PING`).
 //! - `free-port`: prints a free TCP port on 127.0.0.1.
@@ -10,8 +13,8 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use reservoir_loadgen::redis_ledger::BucketPolicy;
-use reservoir_loadgen::report::{markdown, parse_lines, Labels};
-use reservoir_loadgen::run::{fresh_run_id, run, RunConfig, Stop, Target};
+use reservoir_loadgen::report::{markdown, native_markdown, parse_lines, parse_native, Labels};
+use reservoir_loadgen::run::{fresh_run_id, publish, run, RunConfig, Stop, Target};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -37,10 +40,18 @@ enum Kind {
 enum Cmd {
     /// Run reserve -> start -> settle cycles against one target.
     Run(RunArgs),
+    /// Publish the policies `run` would publish, and nothing else (takes the
+    /// same arguments; only the target, subjects and policy ones matter). For
+    /// Redis, also load the scripts and print `NAME SHA1` for each.
+    Publish(RunArgs),
     /// Print the Markdown comparison of JSON result lines.
     Report {
         /// File of JSON lines written by `run --json-out`.
         file: String,
+        /// File of native-client measurement lines (`scripts/bench-http`'s
+        /// targets `reservoir-wrk`, `redis-*-native`): adds their table and ratios.
+        #[arg(long)]
+        native: Option<String>,
         #[arg(long, default_value = "reservoir")]
         reservoir_label: String,
         #[arg(long, default_value = "redis-always")]
@@ -129,7 +140,8 @@ fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
 }
 
-async fn run_cmd(a: RunArgs) -> Result<ExitCode, String> {
+/// The run `a` describes, and where its JSON line goes.
+fn config(a: RunArgs) -> (RunConfig, Option<String>) {
     let target = match a.target {
         Kind::Reservoir => Target::Reservoir {
             url: a.url.unwrap_or_else(|| "http://127.0.0.1:8080".into()),
@@ -160,11 +172,26 @@ async fn run_cmd(a: RunArgs) -> Result<ExitCode, String> {
         run_id: fresh_run_id(),
         server_pid: a.server_pid,
     };
+    (cfg, a.json_out)
+}
+
+async fn publish_cmd(a: RunArgs) -> Result<ExitCode, String> {
+    let (cfg, _) = config(a);
+    if let Some(scripts) = publish(&cfg).await? {
+        for (name, sha) in scripts.digests() {
+            println!("{name} {sha}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_cmd(a: RunArgs) -> Result<ExitCode, String> {
+    let (cfg, json_out) = config(a);
     let summary = run(cfg).await?;
     let line = summary.json_line();
     // A closed stdout (e.g. piped into `head`) must not lose the --json-out line.
     let _ = writeln!(std::io::stdout(), "{}{line}", summary.table());
-    if let Some(path) = a.json_out {
+    if let Some(path) = json_out {
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -249,28 +276,39 @@ fn fsync_probe(dir: &str, count: usize) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn report_cmd(file: &str, native: Option<&str>, labels: &Labels<'_>) -> Result<ExitCode, String> {
+    let read = |f: &str| std::fs::read_to_string(f).map_err(|e| format!("reading {f}: {e}"));
+    let runs = parse_lines(&read(file)?)?;
+    let mut md = markdown(&runs, labels);
+    if let Some(f) = native {
+        md.push('\n');
+        md.push_str(&native_markdown(&parse_native(&read(f)?)?, labels));
+    }
+    let _ = write!(std::io::stdout(), "{md}");
+    Ok(ExitCode::SUCCESS)
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let result = match Cli::parse().cmd {
         Cmd::Run(a) => run_cmd(a).await,
+        Cmd::Publish(a) => publish_cmd(a).await,
         Cmd::Report {
             file,
+            native,
             reservoir_label,
             redis_always_label,
             redis_none_label,
-        } => std::fs::read_to_string(&file)
-            .map_err(|e| format!("reading {file}: {e}"))
-            .and_then(|t| parse_lines(&t))
-            .map(|runs| {
-                let labels = Labels {
-                    reservoir: &reservoir_label,
-                    redis_always: &redis_always_label,
-                    redis_none: &redis_none_label,
-                    baseline: Some("baseline"),
-                };
-                let _ = write!(std::io::stdout(), "{}", markdown(&runs, &labels));
-                ExitCode::SUCCESS
-            }),
+        } => report_cmd(
+            &file,
+            native.as_deref(),
+            &Labels {
+                reservoir: &reservoir_label,
+                redis_always: &redis_always_label,
+                redis_none: &redis_none_label,
+                baseline: Some("baseline"),
+            },
+        ),
         Cmd::Wait {
             target,
             url,

@@ -121,6 +121,18 @@ impl Scripts {
             sweep: one(conn, lua::SWEEP).await?,
         })
     }
+
+    /// `(name, SHA1 digest)` of every script, named as in `crates/loadgen/lua/`
+    /// without `.lua`: what an `EVALSHA` from another client needs.
+    pub fn digests(&self) -> [(&'static str, &str); 5] {
+        [
+            ("policy", &self.policy),
+            ("reserve", &self.reserve),
+            ("start", &self.start),
+            ("settle", &self.settle),
+            ("sweep", &self.sweep),
+        ]
+    }
 }
 
 /// A script's answer: its status word and the integer or text fields after it.

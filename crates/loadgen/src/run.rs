@@ -271,9 +271,10 @@ impl Client {
     }
 }
 
-/// Publishes the policy of every subject. Returns the Redis script digests
-/// when the target is Redis.
-async fn setup(cfg: &RunConfig) -> Result<Option<Scripts>, String> {
+/// Publishes the policy of every subject (unless `cfg.publish` is false).
+/// Returns the Redis script digests, loaded with `SCRIPT LOAD`, when the
+/// target is Redis.
+pub async fn publish(cfg: &RunConfig) -> Result<Option<Scripts>, String> {
     let subjects: Vec<String> = (0..cfg.subjects).map(|i| cfg.subject(i)).collect();
     match &cfg.target {
         Target::Reservoir { url } => {
@@ -392,7 +393,7 @@ pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
     if cfg.clients == 0 || cfg.subjects == 0 {
         return Err("clients and subjects must be at least 1".into());
     }
-    let scripts = setup(&cfg).await?;
+    let scripts = publish(&cfg).await?;
 
     let mut clients = Vec::with_capacity(cfg.clients);
     for i in 0..cfg.clients {

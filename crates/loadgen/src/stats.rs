@@ -260,6 +260,15 @@ impl Summary {
         }
     }
 
+    /// Server CPU per request in the measured window, µs: the server's CPU
+    /// seconds over three requests per completed cycle.
+    pub fn server_cpu_us_per_request(&self) -> Option<f64> {
+        let requests = 3 * self.cycles;
+        self.server_cpu_pct
+            .filter(|_| requests > 0)
+            .map(|pct| pct / 100.0 * self.measured_s * 1e6 / requests as f64)
+    }
+
     /// The one-line JSON form.
     pub fn json_line(&self) -> String {
         serde_json::to_string(self).expect("a Summary always serialises")

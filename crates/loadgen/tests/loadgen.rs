@@ -5,7 +5,9 @@
 //! message, unless `CI` is set, where they fail (`scripts/setup` installs it).
 
 use reservoir_loadgen::redis_ledger::{BucketPolicy, Keys, RedisLedger};
-use reservoir_loadgen::report::{markdown, parse_lines, Labels};
+use reservoir_loadgen::report::{
+    markdown, native_markdown, native_runs, parse_lines, parse_native, Labels,
+};
 use reservoir_loadgen::run::{run, RunConfig, Stop, Target};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -360,4 +362,67 @@ fn report_gives_both_ratios_and_flags_errors() {
         md.contains("**1.75×** throughput (7000 vs 4000 cycles/s, medians of 2 and 1 runs)"),
         "{md}"
     );
+}
+
+#[test]
+fn native_report_combines_script_windows_harmonically_and_gives_both_ratios() {
+    let window = |label: &str, step: &str, requests: u64, full: u64, cpu: f64| {
+        format!(
+            r#"{{"label":"{label}","round":1,"client":"c","step":"{step}","clients":64,"seconds":10.0,"requests":{requests},"errors":0,"full_path":{full},"server_cpu_s":{cpu},"forks":0}}"#
+        )
+    };
+    let text = [
+        // wrk: 300k requests = 100k cycles in 10 s, 6 s of server CPU.
+        r#"{"label":"reservoir-wrk","round":1,"client":"wrk","step":"cycle","clients":64,"seconds":10.0,"requests":300000,"cycles":100000,"errors":0,"server_cpu_s":6.0}"#.to_string(),
+        // Redis with appendfsync always: 30k, 60k and 60k calls/s -> 15k cycles/s.
+        window("redis-always-native", "reserve", 300_000, 300_000, 6.0),
+        window("redis-always-native", "start", 600_000, 580_000, 6.0),
+        window("redis-always-native", "settle", 600_000, 500_000, 6.0),
+        // Without persistence: 20k cycles/s, one script with errors.
+        window("redis-none-native", "reserve", 600_000, 600_000, 6.0),
+        window("redis-none-native", "start", 600_000, 600_000, 6.0),
+        window("redis-none-native", "settle", 600_000, 600_000, 6.0),
+    ]
+    .join("\n");
+    let windows = parse_native(&text).unwrap();
+    let runs = native_runs(&windows);
+    assert_eq!(runs.len(), 3);
+    assert_eq!(runs[0].requests_per_s, 30_000.0);
+    assert_eq!(runs[0].cycles_per_s, 10_000.0);
+    assert!((runs[0].server_cpu_us_per_request.unwrap() - 20.0).abs() < 1e-9);
+    assert!((runs[1].cycles_per_s - 15_000.0).abs() < 1e-6);
+    assert!((runs[1].requests_per_s - 45_000.0).abs() < 1e-6);
+    // (20 + 10 + 10) / 3 µs per request
+    assert!((runs[1].server_cpu_us_per_request.unwrap() - 40.0 / 3.0).abs() < 1e-9);
+    assert!(runs.iter().all(|r| r.ok()));
+
+    let labels = Labels {
+        reservoir: "reservoir",
+        redis_always: "redis-always",
+        redis_none: "redis-none",
+        baseline: Some("baseline"),
+    };
+    let md = native_markdown(&windows, &labels);
+    assert!(
+        md.contains("reservoir-wrk ÷ redis-always-native (redis appendfsync always): **0.67×** cycles/s (10000 vs 15000)"),
+        "{md}"
+    );
+    assert!(md.contains("**0.50×** cycles/s (10000 vs 20000)"), "{md}");
+    assert!(md.contains("server CPU 20.0 vs 13.3 µs/request"), "{md}");
+    assert!(md.contains("**not met**"), "{md}");
+    // settle found a live lease in 83% of the calls: flagged as optimistic
+    assert!(
+        md.contains(
+            "`redis-always-native` (round 1) settle: only 83% of the calls took the full path"
+        ),
+        "{md}"
+    );
+    assert!(!md.contains("start: only"), "{md}");
+    assert!(!md.contains("FLAGGED"), "{md}");
+
+    // A missing script window leaves the run incomplete and flagged.
+    let partial = parse_native(&text.replace("\"step\":\"settle\"", "\"step\":\"other\"")).unwrap();
+    let md = native_markdown(&partial, &labels);
+    assert!(md.contains("a script's window is missing"), "{md}");
+    assert!(md.contains("native runs with errors"), "{md}");
 }
