@@ -54,7 +54,7 @@ async fn insufficient_capacity_is_429_with_retry_after() {
     assert!(s
         .metrics()
         .await
-        .contains("reservoir_refusals_total{reason=\"insufficient_capacity\"}"));
+        .contains("reservoir_refusals_total{reason=\"insufficient_capacity\",route=\"r\"}"));
     s.stop().await;
 }
 
