@@ -25,7 +25,7 @@ use reservoir_log::{Claim, EventReader, LogEntry};
 
 use crate::snapshot::Snapshot;
 use crate::writer::retired::RETIRED_WRITE_BATCH;
-use crate::writer::{shard_of, DueKind, Retired, RetiredIndex, ShardState};
+use crate::writer::{shard_of, DueKind, FastMap, Retired, RetiredIndex, ShardState};
 
 /// Entries read from the log per call.
 pub const RECOVERY_READ_BATCH: usize = 4_096;
@@ -33,7 +33,7 @@ pub const RECOVERY_READ_BATCH: usize = 4_096;
 /// What recovery rebuilt.
 pub struct Recovered {
     pub shards: Vec<ShardState>,
-    pub index: HashMap<ReservationId, PartitionKey>,
+    pub index: FastMap<ReservationId, PartitionKey>,
     pub records: u64,
     pub events: u64,
     pub skipped_records: u64,
@@ -86,7 +86,7 @@ async fn replay<L: EventReader>(
 ) -> Result<Recovered, String> {
     let mut out = Recovered {
         shards: (0..shards).map(|_| ShardState::default()).collect(),
-        index: HashMap::new(),
+        index: FastMap::default(),
         records: 0,
         events: 0,
         skipped_records: 0,

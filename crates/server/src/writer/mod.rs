@@ -26,7 +26,6 @@ pub mod protocol;
 pub mod retired;
 pub mod state;
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -41,7 +40,7 @@ pub use protocol::{
     MAX_QUEUED_REQUESTS_PER_SHARD, MAX_WAIT_FOR_COMMIT,
 };
 pub use retired::{Retired, RetiredIndex};
-pub use state::{DueKind, Index, PartitionState, ShardState};
+pub use state::{DueKind, FastMap, Index, PartitionState, ShardState};
 
 use crate::clock::SharedClock;
 use crate::sizing::Sizer;
@@ -120,10 +119,10 @@ pub fn spawn<L: EventLog>(
             ordered,
             clock: clock.clone(),
             sizer: sizer.clone(),
-            in_flight_positions: HashMap::new(),
+            in_flight_positions: FastMap::default(),
             next_batch_seq: 0,
             retired: retired.clone(),
-            retiring: HashMap::new(),
+            retiring: FastMap::default(),
         };
         handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
     }

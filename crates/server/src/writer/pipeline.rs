@@ -17,7 +17,7 @@
 //! idempotency index ([`super::retired`]) and leave every in-memory map. A
 //! rolled-back batch puts them back into the partition instead.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::{Answer, Envelope, Failure, Reply, Request};
 use super::retired::{Retired, RetiredIndex};
-use super::state::{Index, ShardState};
+use super::state::{FastMap, Index, ShardState};
 use crate::clock::SharedClock;
 use crate::sizing::Sizer;
 use crate::telemetry;
@@ -157,9 +157,9 @@ pub(super) struct Batch {
     pub(super) records: Vec<Record>,
     pub(super) undo: Vec<Undo>,
     /// Partition → its savepoint's place in `undo`.
-    savepoints: HashMap<PartitionKey, usize>,
+    savepoints: FastMap<PartitionKey, usize>,
     /// Reservations whose latest event is in this batch → its record.
-    pub(super) pending_positions: HashMap<ReservationId, usize>,
+    pub(super) pending_positions: FastMap<ReservationId, usize>,
     evicted: Vec<ReservationId>,
 }
 
@@ -189,13 +189,13 @@ pub struct Shard {
     pub sizer: Arc<dyn Sizer>,
     /// `pending_positions` of the batches in flight, newest winning: id →
     /// (batch sequence number, record) (see `PositionFrom::Earlier`).
-    pub(super) in_flight_positions: HashMap<ReservationId, (u64, usize)>,
+    pub(super) in_flight_positions: FastMap<ReservationId, (u64, usize)>,
     /// Sequence number of the next batch.
     pub(super) next_batch_seq: u64,
     /// The idempotency index: records that left memory.
     pub retired: Arc<RetiredIndex>,
     /// Records evicted by batches not yet durable: id → (partition, record).
-    pub(super) retiring: HashMap<ReservationId, (PartitionKey, Reservation)>,
+    pub(super) retiring: FastMap<ReservationId, (PartitionKey, Reservation)>,
 }
 
 impl Shard {
