@@ -25,10 +25,7 @@ use reservoir_server::hostname;
 /// Every request allocates a little (JSON, headers, event strings) on two or
 /// more threads at once; mimalloc's thread-local heaps cost a fraction of
 /// glibc malloc's there (malloc and free were ~15% of the server's CPU under
-/// `scripts/bench-http`). Version 2 of mimalloc (the crate's `v2` feature):
-/// under the same load version 3 kept taking fresh pages from the kernel, and
-/// zeroing them (`clear_page_erms` on page faults) was 2–9 % of the server's
-/// CPU samples against under 1 % with version 2 (bench-results/request-cost.md).
+/// `scripts/bench-http`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
