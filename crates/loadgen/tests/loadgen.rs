@@ -425,4 +425,26 @@ fn native_report_combines_script_windows_harmonically_and_gives_both_ratios() {
     let md = native_markdown(&partial, &labels);
     assert!(md.contains("a script's window is missing"), "{md}");
     assert!(md.contains("native runs with errors"), "{md}");
+
+    // Redis appendfsync always with only its reserve window (the seeding of
+    // start's leases failed): no cycles/s, and the bar is not met, however
+    // fast the wrk run was.
+    let reserve_only: String = text
+        .lines()
+        .filter(|l| !(l.contains("redis-always-native") && !l.contains("\"reserve\"")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let fast = reserve_only.replace(
+        "\"requests\":300000,\"cycles\":100000",
+        "\"requests\":3000000,\"cycles\":1000000",
+    );
+    let md = native_markdown(&parse_native(&fast).unwrap(), &labels);
+    assert!(
+        md.contains("redis-always-native (redis appendfsync always): n/a"),
+        "{md}"
+    );
+    assert!(
+        md.contains("≥ redis-always-native, no errors): **not met**"),
+        "{md}"
+    );
 }
