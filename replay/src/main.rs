@@ -218,15 +218,66 @@ fn spec(log: &LogArgs) -> Result<SourceSpec, Stop> {
     }
 }
 
-fn output(path: Option<&PathBuf>) -> Result<Box<dyn Write>, Stop> {
-    Ok(match path {
-        Some(p) => {
-            Box::new(BufWriter::new(std::fs::File::create(p).map_err(|e| {
-                Stop::Error(format!("cannot create {}: {e}", p.display()))
-            })?))
-        }
-        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+fn output(path: Option<&PathBuf>) -> Result<Output, Stop> {
+    let Some(path) = path else {
+        return Ok(Output {
+            writer: Box::new(BufWriter::new(std::io::stdout().lock())),
+            file: None,
+        });
+    };
+    let mut partial = path.clone().into_os_string();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let file = std::fs::File::create(&partial)
+        .map_err(|e| Stop::Error(format!("cannot create {}: {e}", path.display())))?;
+    Ok(Output {
+        writer: Box::new(BufWriter::new(file)),
+        file: Some((partial, path.clone())),
     })
+}
+
+/// Where a command writes. A file (`-o`) is written beside its name
+/// (`NAME.partial`) and renamed once complete: a run that fails part way
+/// leaves no truncated statement or export behind, and an older file of that
+/// name stays as it was.
+struct Output {
+    writer: Box<dyn Write>,
+    /// (written to, renamed to)
+    file: Option<(PathBuf, PathBuf)>,
+}
+
+impl Output {
+    /// Flushes, and moves a file to its name.
+    fn finish(mut self) -> Result<(), Stop> {
+        self.writer.flush()?;
+        if let Some((partial, path)) = self.file.take() {
+            std::fs::rename(&partial, &path).map_err(|e| {
+                Stop::Error(format!(
+                    "cannot move {} to {}: {e}",
+                    partial.display(),
+                    path.display()
+                ))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.writer.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.writer.flush()
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if let Some((partial, _)) = self.file.take() {
+            let _ = std::fs::remove_file(partial);
+        }
+    }
 }
 
 /// Ok(true) clean, Ok(false) findings or differences reported.
@@ -303,7 +354,7 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
                 return Err(e.into());
             }
             drop(statement);
-            out.flush()?;
+            out.finish()?;
             report_findings(&engine.findings);
             Ok(engine.findings.is_empty())
         }
@@ -482,7 +533,7 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             result?;
             let (records, events) = (exporter.records, exporter.events);
             exporter.finish().map_err(Stop::Error)?;
-            out.flush()?;
+            out.finish()?;
             report_findings(&engine.findings);
             if !cli.quiet {
                 eprintln!("export: {records} records, {events} events");

@@ -446,6 +446,22 @@ fn bad_input(log: &str, dir: &Path) {
             "{extra:?}: {err}"
         );
     }
+    // A run that fails part way leaves the file it was to write as it was
+    // (here: an older statement) and nothing half-written beside it.
+    let older = dir.join("older.html");
+    std::fs::write(&older, "an older statement").unwrap();
+    let out = audit(
+        log,
+        "acme",
+        "html",
+        &["--html-rows-max", "3", "-o", older.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&older).unwrap(),
+        "an older statement"
+    );
+    assert!(!dir.join("older.html.partial").exists());
     // A pipe is a file too: the page goes to standard output.
     let out = audit(log, "acme", "html", &[]);
     assert!(out.status.success() && text(&out.stdout).starts_with("<!DOCTYPE html>"));
