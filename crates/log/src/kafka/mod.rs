@@ -32,6 +32,10 @@
 //! protocol) the standard path is taken. Workarounds for a broker's bugs are
 //! named in [`BrokerQuirks`] and switched on only when the operator says so
 //! ([`BrokerQuirks::ENV`]); today that is tansu 0.6.
+//!
+//! This file holds the log itself (ownership, claims, appends and their
+//! read-back); `config`, `placement`, `read` (decoding, [`EventReader`]) and
+//! `clients` (librdkafka clients, the topic, error classification) beside it.
 
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
@@ -52,109 +56,23 @@ use tracing::{info, warn};
 use crate::fence::{Validity, Verdict};
 use crate::{codec, fence, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
 
+mod clients;
+mod config;
+mod placement;
+mod read;
+
+pub use clients::log_error;
+use clients::{blocking, build_consumer, build_producer, ensure_topic};
+pub use config::{BrokerQuirks, KafkaConfig};
+#[cfg(test)]
+use placement::murmur2;
+pub use placement::{log_partition_of_route, murmur2_partition};
+use read::{decode_claim, Decode, ReadTo, READ_PROBE};
+
 /// Default topic name.
 pub const TOPIC_DEFAULT: &str = "reservoir.events";
 /// Most records one `append` takes; a larger batch is refused as invalid.
 pub const APPEND_RECORDS_MAX: usize = 16_384;
-
-/// Workarounds for known bugs of a particular broker, off unless asked for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum BrokerQuirks {
-    /// A broker that follows the Kafka protocol (Apache Kafka, Redpanda, ...).
-    #[default]
-    None,
-    /// tansu 0.6: a fetch from an offset inside a multi-record batch returns
-    /// only the batches that start at or after it (the read steps back to find
-    /// the batch), and ListOffsets answers one past the *first* offset of the
-    /// last batch (the end of the log is read from fetches). In cluster mode the
-    /// server also runs its rejoin watchdog (tansu can hand back a previous
-    /// generation's assignment; see `reservoir_server::cluster::membership`).
-    Tansu,
-}
-
-impl BrokerQuirks {
-    /// Environment variable naming the broker's quirks: unset, empty or `none`,
-    /// or `tansu`. Read by [`KafkaConfig::new`], so every binary and test that
-    /// talks to one broker agrees on it.
-    pub const ENV: &'static str = "RESERVOIR_BROKER_QUIRKS";
-
-    pub fn parse(name: &str) -> Result<Self, String> {
-        match name.trim() {
-            "" | "none" => Ok(Self::None),
-            "tansu" => Ok(Self::Tansu),
-            other => Err(format!("{}={other:?}: expected none or tansu", Self::ENV)),
-        }
-    }
-
-    fn from_env() -> Result<Self, String> {
-        Self::parse(&std::env::var(Self::ENV).unwrap_or_default())
-    }
-}
-
-/// Where and how the Kafka log connects.
-#[derive(Clone, Debug)]
-pub struct KafkaConfig {
-    /// `bootstrap.servers`, e.g. `127.0.0.1:9092`.
-    pub brokers: String,
-    pub topic: String,
-    /// Partition count used when the topic has to be created; an existing topic
-    /// keeps its own count.
-    pub partitions_for_new_topic: u32,
-    pub replication_factor: i32,
-    /// This writer's stable identity (node id + boot id). Records appended must
-    /// carry it; claims are made in its name.
-    pub writer_id: String,
-    /// Upper bound for one broker round trip we wait on (metadata, watermarks, a
-    /// read), and for a read-back to find its records.
-    pub request_timeout: Duration,
-    /// `message.timeout.ms`: how long the producer keeps retrying a record before
-    /// the append fails.
-    pub delivery_timeout: Duration,
-    /// Extra librdkafka settings for every client (tests use this for mock
-    /// clusters and tighter timeouts).
-    pub client_overrides: Vec<(String, String)>,
-    /// Workarounds for the broker's bugs; from [`BrokerQuirks::ENV`] (an
-    /// invalid value makes [`KafkaLog::connect`] fail).
-    pub quirks: Result<BrokerQuirks, String>,
-}
-
-impl KafkaConfig {
-    pub fn new(brokers: impl Into<String>, writer_id: impl Into<String>) -> Self {
-        Self {
-            brokers: brokers.into(),
-            topic: TOPIC_DEFAULT.to_string(),
-            partitions_for_new_topic: 8,
-            replication_factor: 1,
-            writer_id: writer_id.into(),
-            request_timeout: Duration::from_secs(10),
-            delivery_timeout: Duration::from_secs(30),
-            client_overrides: Vec::new(),
-            quirks: BrokerQuirks::from_env(),
-        }
-    }
-
-    /// The broker quirks in effect (none when the setting was invalid; connect
-    /// refuses such a config).
-    pub fn broker_quirks(&self) -> BrokerQuirks {
-        self.quirks.clone().unwrap_or_default()
-    }
-
-    fn client_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &self.brokers)
-            .set("client.id", format!("reservoir-{}", self.writer_id))
-            .set(
-                "socket.timeout.ms",
-                self.request_timeout.as_millis().max(10).to_string(),
-            )
-            .set("log_level", "4");
-        for (key, value) in &self.client_overrides {
-            config.set(key, value);
-        }
-        config
-    }
-}
 
 /// This writer's standing in one log partition.
 #[derive(Debug)]
@@ -205,115 +123,6 @@ impl std::fmt::Debug for KafkaLog {
             .field("log_partitions", &self.inner.log_partitions)
             .field("writer_id", &self.inner.config.writer_id)
             .finish()
-    }
-}
-
-/// The log partition of every ledger partition of one subject and route (all
-/// accounting epochs and policy generations): murmur2 of `subject|route`.
-///
-/// Placement is by subject and route, not by the whole partition key, because a
-/// command can touch two generations of one subject/route at once (publishing
-/// generation 2 closes generation 1 in the same batch), and in cluster mode the
-/// owner of one Kafka partition must be able to write both. It also lets any
-/// node route a request that names only a subject and route (a reserve) to the
-/// owner without knowing the active generation.
-pub fn log_partition_of_route(subject: &str, route: &str, partitions: u32) -> u32 {
-    let mut placement = String::with_capacity(subject.len() + route.len() + 1);
-    placement.push_str(subject);
-    placement.push('|');
-    placement.push_str(route);
-    murmur2_partition(placement.as_bytes(), partitions)
-}
-
-/// Kafka's default partitioner for keyed records (Java's `murmur2(key) &
-/// 0x7fffffff % partitions`), so other Kafka clients agree on placement.
-pub fn murmur2_partition(key: &[u8], partitions: u32) -> u32 {
-    assert!(partitions > 0, "a topic has at least one partition");
-    (murmur2(key) & 0x7fff_ffff) % partitions
-}
-
-fn murmur2(data: &[u8]) -> u32 {
-    const SEED: u32 = 0x9747_b28c;
-    const M: u32 = 0x5bd1_e995;
-    const R: u32 = 24;
-    let mut h: u32 = SEED ^ (data.len() as u32);
-    let mut chunks = data.chunks_exact(4);
-    for chunk in &mut chunks {
-        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        k = k.wrapping_mul(M);
-        k ^= k >> R;
-        k = k.wrapping_mul(M);
-        h = h.wrapping_mul(M);
-        h ^= k;
-    }
-    let rest = chunks.remainder();
-    if rest.len() >= 3 {
-        h ^= u32::from(rest[2]) << 16;
-    }
-    if rest.len() >= 2 {
-        h ^= u32::from(rest[1]) << 8;
-    }
-    if !rest.is_empty() {
-        h ^= u32::from(rest[0]);
-        h = h.wrapping_mul(M);
-    }
-    h ^= h >> 13;
-    h = h.wrapping_mul(M);
-    h ^= h >> 15;
-    h
-}
-
-/// Maps a librdkafka error to ours, keeping whether a retry may succeed.
-pub fn log_error(context: &str, error: &KafkaError) -> LogError {
-    use RDKafkaErrorCode as C;
-    let message = format!("{context}: {error}");
-    match error {
-        KafkaError::Canceled => return LogError::Unavailable(message),
-        KafkaError::ClientCreation(_) | KafkaError::ClientConfig(..) => {
-            return LogError::Invalid(message)
-        }
-        _ => {}
-    }
-    match error.rdkafka_error_code() {
-        Some(C::MessageTimedOut | C::RequestTimedOut | C::OperationTimedOut | C::TimedOutQueue) => {
-            LogError::Timeout(message)
-        }
-        Some(
-            C::BrokerTransportFailure
-            | C::AllBrokersDown
-            | C::Resolve
-            | C::Retry
-            | C::QueueFull
-            | C::PurgeQueue
-            | C::PurgeInflight
-            | C::LeaderNotAvailable
-            | C::NotLeaderForPartition
-            | C::BrokerNotAvailable
-            | C::ReplicaNotAvailable
-            | C::NetworkException
-            | C::NotEnoughReplicas
-            | C::NotEnoughReplicasAfterAppend
-            | C::KafkaStorageError
-            | C::FencedLeaderEpoch
-            | C::UnknownLeaderEpoch
-            | C::OffsetNotAvailable
-            | C::UnknownTopicOrPartition
-            | C::UnknownPartition
-            | C::UnknownTopic
-            | C::ThrottlingQuotaExceeded
-            | C::CoordinatorNotAvailable
-            | C::NotCoordinator
-            | C::WaitingForCoordinator
-            | C::NodeUpdate
-            | C::InProgress
-            | C::ISRInsufficient
-            | C::RebootstrapRequired
-            | C::UnknownProducerId
-            | C::OutOfOrderSequenceNumber
-            | C::InvalidProducerEpoch
-            | C::Fatal,
-        ) => LogError::Unavailable(message),
-        _ => LogError::Storage(message),
     }
 }
 
@@ -923,105 +732,6 @@ impl Inner {
     }
 }
 
-/// How long a read waits for a first sign of data before it concludes it sits
-/// inside a batch the broker will not serve from there (see `read_locked`).
-const READ_PROBE: Duration = Duration::from_millis(100);
-
-/// What a read makes of each stored value.
-type Decode<T> = fn(Position, &[u8]) -> Result<T, LogError>;
-
-fn decode_entry(position: Position, value: &[u8]) -> Result<LogEntry, LogError> {
-    codec::decode(value).map_err(|e| LogError::Corrupt {
-        position,
-        reason: e.to_string(),
-    })
-}
-
-/// Claims only: a record never changes validity state, so the writer's own
-/// checks (claiming, reading back) look at the frame header and decode claims
-/// alone. A value that is not even framed is still reported corrupt.
-fn decode_claim(position: Position, value: &[u8]) -> Result<Option<Claim>, LogError> {
-    let corrupt = |reason: String| LogError::Corrupt { position, reason };
-    let (id, _datum) = codec::split_frame(value).map_err(|e| corrupt(e.to_string()))?;
-    let schema = codec::registry()
-        .get(id)
-        .ok_or_else(|| corrupt(format!("unknown schema id {id}")))?;
-    if schema.subject.strip_prefix(codec::NAMESPACE) != Some(".Claim") {
-        return Ok(None);
-    }
-    match codec::decode(value).map_err(|e| corrupt(e.to_string()))? {
-        LogEntry::Claim(claim) => Ok(Some(claim)),
-        LogEntry::Record(_) => Err(corrupt(format!(
-            "schema id {id} is a claim but decoded as a record"
-        ))),
-    }
-}
-
-/// How far a read goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ReadTo {
-    /// Entries known to exist (acknowledged): wait for every one before this offset.
-    Acknowledged(u64),
-    /// To the end of the log, as the broker's fetch responses report it.
-    EndOfLog,
-}
-
-impl EventReader for KafkaLog {
-    fn log_partition_for(&self, key: &PartitionKey) -> u32 {
-        log_partition_of_route(&key.subject, &key.route, self.inner.log_partitions)
-    }
-
-    fn log_partitions(&self) -> u32 {
-        self.inner.log_partitions
-    }
-
-    async fn read(
-        &self,
-        log_partition: u32,
-        from_offset: u64,
-        max: usize,
-    ) -> Result<Vec<(Position, LogEntry)>, LogError> {
-        self.check_partition(log_partition)?;
-        let inner = self.inner.clone();
-        blocking(move || {
-            inner.read_blocking(
-                log_partition,
-                from_offset,
-                max,
-                ReadTo::EndOfLog,
-                decode_entry,
-            )
-        })
-        .await?
-    }
-
-    async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
-        self.check_partition(log_partition)?;
-        let inner = self.inner.clone();
-        blocking(move || inner.end_offset_blocking(log_partition)).await?
-    }
-
-    async fn wait_for(
-        &self,
-        log_partition: u32,
-        offset: u64,
-        timeout: Duration,
-    ) -> Result<bool, LogError> {
-        const POLL_INTERVAL: Duration = Duration::from_millis(20);
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if self.end_offset(log_partition).await? > offset {
-                return Ok(true);
-            }
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
-        }
-    }
-}
-
 impl EventLog for KafkaLog {
     /// A new claim clears the in-doubt state of the partition.
     async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
@@ -1093,117 +803,6 @@ impl EventLog for KafkaLog {
             }
         }
         Ok(positions)
-    }
-}
-
-/// Runs blocking librdkafka work off the async threads.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, LogError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| LogError::Unavailable(format!("blocking task failed: {e}")))
-}
-
-fn build_producer(config: &KafkaConfig) -> Result<FutureProducer, LogError> {
-    config
-        .client_config()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("max.in.flight.requests.per.connection", "5")
-        .set("linger.ms", "1")
-        .set(
-            "message.timeout.ms",
-            config.delivery_timeout.as_millis().max(1).to_string(),
-        )
-        .set(
-            "request.timeout.ms",
-            config.request_timeout.as_millis().max(1).to_string(),
-        )
-        .create()
-        .map_err(|e| log_error("create producer", &e))
-}
-
-fn build_consumer(config: &KafkaConfig) -> Result<BaseConsumer, LogError> {
-    config
-        .client_config()
-        // Assigned partitions only: the group id is required by librdkafka but no
-        // group is joined and no offset is ever committed.
-        .set("group.id", format!("reservoir-reader-{}", config.writer_id))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        // The writer waits on its read-back after every append; a broker that
-        // holds an empty fetch for the full wait (tansu does) would add up to
-        // this much to every append. The price: an idle reader polls often.
-        .set("fetch.wait.max.ms", "1")
-        .set("auto.offset.reset", "error")
-        .create()
-        .map_err(|e| log_error("create consumer", &e))
-}
-
-/// Makes sure the topic exists and returns its partition count.
-async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> {
-    let probe_config = config.clone();
-    let probe = move || -> Result<Option<u32>, LogError> {
-        partition_count(&build_consumer(&probe_config)?, &probe_config)
-    };
-    if let Some(count) = blocking(probe.clone()).await?? {
-        return Ok(count);
-    }
-    let admin: AdminClient<DefaultClientContext> = config
-        .client_config()
-        .create()
-        .map_err(|e| log_error("create admin client", &e))?;
-    let topic = NewTopic::new(
-        &config.topic,
-        i32::try_from(config.partitions_for_new_topic)
-            .map_err(|_| LogError::Invalid("partition count".into()))?,
-        TopicReplication::Fixed(config.replication_factor),
-    );
-    let options = AdminOptions::new().operation_timeout(Some(config.request_timeout));
-    let results = admin
-        .create_topics([&topic], &options)
-        .await
-        .map_err(|e| log_error("create topic", &e))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => {
-                return Err(log_error(
-                    &format!("create topic {name}"),
-                    &KafkaError::AdminOp(code),
-                ))
-            }
-        }
-    }
-    // Metadata can lag a fresh topic for a moment.
-    let deadline = Instant::now() + config.request_timeout;
-    loop {
-        if let Some(count) = blocking(probe.clone()).await?? {
-            info!(topic = %config.topic, count, "created topic");
-            return Ok(count);
-        }
-        if Instant::now() >= deadline {
-            return Err(LogError::Timeout(format!(
-                "topic {} not visible after creating it",
-                config.topic
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn partition_count(client: &BaseConsumer, config: &KafkaConfig) -> Result<Option<u32>, LogError> {
-    let metadata = client
-        .fetch_metadata(Some(&config.topic), config.request_timeout)
-        .map_err(|e| log_error("metadata", &e))?;
-    let Some(topic) = metadata.topics().iter().find(|t| t.name() == config.topic) else {
-        return Ok(None);
-    };
-    match topic.error() {
-        None if !topic.partitions().is_empty() => Ok(Some(topic.partitions().len() as u32)),
-        _ => Ok(None),
     }
 }
 

@@ -1,0 +1,173 @@
+//! The librdkafka side: creating the producer, consumers and the topic,
+//! running blocking calls off the async threads, and classifying librdkafka's
+//! errors as ours (whether a retry may succeed).
+
+use super::*;
+
+/// Maps a librdkafka error to ours, keeping whether a retry may succeed.
+pub fn log_error(context: &str, error: &KafkaError) -> LogError {
+    use RDKafkaErrorCode as C;
+    let message = format!("{context}: {error}");
+    match error {
+        KafkaError::Canceled => return LogError::Unavailable(message),
+        KafkaError::ClientCreation(_) | KafkaError::ClientConfig(..) => {
+            return LogError::Invalid(message)
+        }
+        _ => {}
+    }
+    match error.rdkafka_error_code() {
+        Some(C::MessageTimedOut | C::RequestTimedOut | C::OperationTimedOut | C::TimedOutQueue) => {
+            LogError::Timeout(message)
+        }
+        Some(
+            C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::Resolve
+            | C::Retry
+            | C::QueueFull
+            | C::PurgeQueue
+            | C::PurgeInflight
+            | C::LeaderNotAvailable
+            | C::NotLeaderForPartition
+            | C::BrokerNotAvailable
+            | C::ReplicaNotAvailable
+            | C::NetworkException
+            | C::NotEnoughReplicas
+            | C::NotEnoughReplicasAfterAppend
+            | C::KafkaStorageError
+            | C::FencedLeaderEpoch
+            | C::UnknownLeaderEpoch
+            | C::OffsetNotAvailable
+            | C::UnknownTopicOrPartition
+            | C::UnknownPartition
+            | C::UnknownTopic
+            | C::ThrottlingQuotaExceeded
+            | C::CoordinatorNotAvailable
+            | C::NotCoordinator
+            | C::WaitingForCoordinator
+            | C::NodeUpdate
+            | C::InProgress
+            | C::ISRInsufficient
+            | C::RebootstrapRequired
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+            | C::InvalidProducerEpoch
+            | C::Fatal,
+        ) => LogError::Unavailable(message),
+        _ => LogError::Storage(message),
+    }
+}
+
+/// Runs blocking librdkafka work off the async threads.
+pub(super) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, LogError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| LogError::Unavailable(format!("blocking task failed: {e}")))
+}
+
+pub(super) fn build_producer(config: &KafkaConfig) -> Result<FutureProducer, LogError> {
+    config
+        .client_config()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("linger.ms", "1")
+        .set(
+            "message.timeout.ms",
+            config.delivery_timeout.as_millis().max(1).to_string(),
+        )
+        .set(
+            "request.timeout.ms",
+            config.request_timeout.as_millis().max(1).to_string(),
+        )
+        .create()
+        .map_err(|e| log_error("create producer", &e))
+}
+
+pub(super) fn build_consumer(config: &KafkaConfig) -> Result<BaseConsumer, LogError> {
+    config
+        .client_config()
+        // Assigned partitions only: the group id is required by librdkafka but no
+        // group is joined and no offset is ever committed.
+        .set("group.id", format!("reservoir-reader-{}", config.writer_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        // The writer waits on its read-back after every append; a broker that
+        // holds an empty fetch for the full wait (tansu does) would add up to
+        // this much to every append. The price: an idle reader polls often.
+        .set("fetch.wait.max.ms", "1")
+        .set("auto.offset.reset", "error")
+        .create()
+        .map_err(|e| log_error("create consumer", &e))
+}
+
+/// Makes sure the topic exists and returns its partition count.
+pub(super) async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> {
+    let probe_config = config.clone();
+    let probe = move || -> Result<Option<u32>, LogError> {
+        partition_count(&build_consumer(&probe_config)?, &probe_config)
+    };
+    if let Some(count) = blocking(probe.clone()).await?? {
+        return Ok(count);
+    }
+    let admin: AdminClient<DefaultClientContext> = config
+        .client_config()
+        .create()
+        .map_err(|e| log_error("create admin client", &e))?;
+    let topic = NewTopic::new(
+        &config.topic,
+        i32::try_from(config.partitions_for_new_topic)
+            .map_err(|_| LogError::Invalid("partition count".into()))?,
+        TopicReplication::Fixed(config.replication_factor),
+    );
+    let options = AdminOptions::new().operation_timeout(Some(config.request_timeout));
+    let results = admin
+        .create_topics([&topic], &options)
+        .await
+        .map_err(|e| log_error("create topic", &e))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => {
+                return Err(log_error(
+                    &format!("create topic {name}"),
+                    &KafkaError::AdminOp(code),
+                ))
+            }
+        }
+    }
+    // Metadata can lag a fresh topic for a moment.
+    let deadline = Instant::now() + config.request_timeout;
+    loop {
+        if let Some(count) = blocking(probe.clone()).await?? {
+            info!(topic = %config.topic, count, "created topic");
+            return Ok(count);
+        }
+        if Instant::now() >= deadline {
+            return Err(LogError::Timeout(format!(
+                "topic {} not visible after creating it",
+                config.topic
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub(super) fn partition_count(
+    client: &BaseConsumer,
+    config: &KafkaConfig,
+) -> Result<Option<u32>, LogError> {
+    let metadata = client
+        .fetch_metadata(Some(&config.topic), config.request_timeout)
+        .map_err(|e| log_error("metadata", &e))?;
+    let Some(topic) = metadata.topics().iter().find(|t| t.name() == config.topic) else {
+        return Ok(None);
+    };
+    match topic.error() {
+        None if !topic.partitions().is_empty() => Ok(Some(topic.partitions().len() as u32)),
+        _ => Ok(None),
+    }
+}
