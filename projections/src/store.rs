@@ -281,7 +281,8 @@ pub fn finding_key(log_partition: u32, offset: u64, event_index: u32) -> String 
 }
 
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // A reservation record is ~400 bytes: start there rather than grow into it.
+    // Records are a few hundred bytes of JSON: one allocation of this size
+    // instead of growing from serde_json's default of 128.
     let mut out = Vec::with_capacity(ENCODED_BYTES_GUESS);
     serde_json::to_writer(&mut out, value).expect("read models serialize to JSON");
     out
