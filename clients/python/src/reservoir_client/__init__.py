@@ -1,0 +1,77 @@
+"""Reservoir's Python client: what a Python gateway embeds to reserve LLM
+capacity before a provider call and settle it after.
+
+- :class:`Reservoir` / :class:`AsyncReservoir` (``client.py``): ``reserve``,
+  ``start``, ``settle``, ``release``, ``get_reservation``, ``resolve``, the
+  route-default ``max_tokens`` helper and ``partitions``, on httpx, retried with
+  the same reservation id under a :class:`RetryPolicy` (``retry.py``).
+- Receipts and other answers as typed, tolerant dataclasses (``types.py``).
+- problem+json answers as exceptions carrying ``type``, ``retry_after`` and
+  ``limiting_dimension`` (``errors.py``); a reserve whose answer was lost is
+  :class:`ReservationUnknown`, resolved by asking again with the same id.
+- :func:`guarded_stream` (``stream.py``): the official Anthropic and OpenAI SDK
+  streams bound to a reservation, settled against the running count
+  (``meter.py``) on completion, error, cancellation or disconnect.
+
+It mirrors the Rust client (``crates/client``, issue 13) over the same HTTP
+contract. Not in this version: emergency shards (the gateway-side buckets for
+when the ledger is unreachable), the fair start scheduler, and bearer-token
+checks on the server (the token is sent; the server ignores it until issue 17).
+"""
+
+from .client import AsyncReservoir, Reservoir, new_reservation_id
+from .errors import (
+    CapacityRefused,
+    IdempotencyConflict,
+    InvalidRequest,
+    LedgerUnreachable,
+    NoPolicy,
+    OutcomeUnknown,
+    ProblemError,
+    RequestTooLarge,
+    ReservationUnknown,
+    ReservoirError,
+    Unavailable,
+    UnknownReservation,
+    WrongState,
+)
+from .max_tokens import requested_max_tokens, with_default_max_tokens
+from .meter import StreamMeter, default_estimate_tokens
+from .retry import RetryPolicy
+from .stream import AsyncGuardedStream, GuardedStream, guarded_stream
+from .types import LogPosition, PartitionView, Receipt, SizingReceipt, Usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncGuardedStream",
+    "AsyncReservoir",
+    "CapacityRefused",
+    "GuardedStream",
+    "IdempotencyConflict",
+    "InvalidRequest",
+    "LedgerUnreachable",
+    "LogPosition",
+    "NoPolicy",
+    "OutcomeUnknown",
+    "PartitionView",
+    "ProblemError",
+    "Receipt",
+    "RequestTooLarge",
+    "ReservationUnknown",
+    "Reservoir",
+    "ReservoirError",
+    "RetryPolicy",
+    "SizingReceipt",
+    "StreamMeter",
+    "Unavailable",
+    "UnknownReservation",
+    "Usage",
+    "WrongState",
+    "__version__",
+    "default_estimate_tokens",
+    "guarded_stream",
+    "new_reservation_id",
+    "requested_max_tokens",
+    "with_default_max_tokens",
+]

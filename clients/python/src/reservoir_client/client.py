@@ -1,0 +1,471 @@
+"""The clients: :class:`Reservoir` (blocking) and :class:`AsyncReservoir`
+(asyncio/trio through anyio), one method per server step, on httpx.
+
+Both share :class:`_Protocol`, which builds every request and parses every
+answer, so the two differ only in how they wait. Every step is retried under
+the client's :class:`~reservoir_client.retry.RetryPolicy` with the same id and
+body on every try; see :mod:`reservoir_client.retry` for what is retried.
+
+Bearer tokens: ``token=`` is sent as ``Authorization: Bearer <token>`` on every
+request. The server does not check it yet (authentication is issue 17); it is
+accepted now so gateways can configure it before the server enforces it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from typing import Any, Mapping
+from urllib.parse import quote
+
+import anyio
+import httpx
+
+from .errors import ProblemError, ReservationUnknown, problem_from_response
+from .max_tokens import with_default_max_tokens
+from .retry import Attempts, RetryPolicy
+from .types import PartitionView, Receipt, Usage
+
+__all__ = ["AsyncReservoir", "Reservoir", "new_reservation_id"]
+
+DEFAULT_TIMEOUT_S = 5.0
+#: How long a route's default ``max_tokens`` is cached before asking again.
+DEFAULT_POLICY_CACHE_TTL_S = 60.0
+
+
+def new_reservation_id() -> str:
+    """A fresh reservation id (``rsv-`` and 32 hex digits)."""
+    return f"rsv-{uuid.uuid4().hex}"
+
+
+def _seg(value: str) -> str:
+    """One path segment, with ``/`` and everything else percent-encoded."""
+    return quote(value, safe="")
+
+
+class _Request:
+    __slots__ = ("method", "path", "body", "reservation_id", "headers")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        reservation_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.body = body
+        self.reservation_id = reservation_id
+        self.headers = headers or {}
+
+
+class _Protocol:
+    """Request building and answer parsing shared by both clients (no I/O)."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None,
+        retry: RetryPolicy,
+        rng: random.Random | None,
+        policy_cache_ttl_s: float,
+    ) -> None:
+        self.retry = retry
+        self.rng = rng or random.Random()
+        self.headers = {"accept": "application/json"}
+        if token is not None:
+            self.headers["authorization"] = f"Bearer {token}"
+        self.policy_cache_ttl_s = policy_cache_ttl_s
+        self._max_tokens_cache: dict[tuple[str, str], tuple[float, int | None]] = {}
+
+    def attempts(self, request: _Request) -> Attempts:
+        return Attempts(
+            self.retry,
+            self.rng,
+            method=request.method,
+            path=request.path,
+            body=request.body,
+            reservation_id=request.reservation_id,
+        )
+
+    @staticmethod
+    def reserve(
+        subject: str,
+        route: str,
+        *,
+        reservation_id: str | None,
+        units: int | None,
+        counted_input_tokens: int | None,
+        max_tokens: int | None,
+    ) -> _Request:
+        if units is None and counted_input_tokens is None:
+            raise ValueError("give units, or counted_input_tokens (and max_tokens) for the server to size it")
+        if units is not None and (counted_input_tokens is not None or max_tokens is not None):
+            raise ValueError("give units, or counted_input_tokens and max_tokens, not both")
+        rid = reservation_id or new_reservation_id()
+        body: dict[str, Any] = {"id": rid, "subject": subject, "route": route}
+        if units is not None:
+            body["units"] = units
+        else:
+            body["counted_input_tokens"] = counted_input_tokens
+            if max_tokens is not None:
+                body["max_tokens"] = max_tokens
+        return _Request("POST", "/v1/reservations", body, reservation_id=rid, headers={"idempotency-key": rid})
+
+    @staticmethod
+    def start(reservation_id: str, operation_id: str) -> _Request:
+        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/start", {"operation_id": operation_id})
+
+    @staticmethod
+    def settle(reservation_id: str, actual_units: int, operation_id: str | None, usage: Usage | None) -> _Request:
+        if actual_units < 0:
+            raise ValueError("actual_units must not be negative")
+        body: dict[str, Any] = {"actual_units": actual_units}
+        if operation_id is not None:
+            body["operation_id"] = operation_id
+        if usage is not None:
+            body["usage"] = usage.to_json()
+        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/settle", body)
+
+    @staticmethod
+    def release(reservation_id: str) -> _Request:
+        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/release", {})
+
+    @staticmethod
+    def get_reservation(reservation_id: str) -> _Request:
+        return _Request("GET", f"/v1/reservations/{_seg(reservation_id)}")
+
+    @staticmethod
+    def policy(subject: str, route: str) -> _Request:
+        return _Request("GET", f"/v1/policies/{_seg(subject)}/{_seg(route)}")
+
+    @staticmethod
+    def partitions() -> _Request:
+        return _Request("GET", "/v1/partitions")
+
+    def http_kwargs(self, request: _Request, attempts: Attempts, timeout_s: float) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "headers": {**self.headers, **request.headers},
+            "timeout": max(0.001, min(timeout_s, attempts.remaining())),
+        }
+        if request.body is not None:
+            kwargs["json"] = request.body
+        return kwargs
+
+    @staticmethod
+    def problem(response: httpx.Response) -> ProblemError:
+        return problem_from_response(response.status_code, dict(response.headers), response.content)
+
+    @staticmethod
+    def receipt(response: httpx.Response) -> Receipt:
+        return Receipt.from_json(response.json(), created=response.status_code == 201)
+
+    @staticmethod
+    def partition_views(response: httpx.Response) -> list[PartitionView]:
+        body = response.json()
+        if not isinstance(body, list):
+            raise ValueError(f"/v1/partitions: expected a list, got {type(body).__name__}")
+        return [PartitionView.from_json(p) for p in body]
+
+    @staticmethod
+    def default_max_tokens(active_policy: Mapping[str, Any]) -> int | None:
+        estimator = active_policy.get("estimator")
+        if not isinstance(estimator, Mapping):
+            return None
+        value = estimator.get("default_max_tokens")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def cached_max_tokens(self, subject: str, route: str) -> tuple[bool, int | None]:
+        hit = self._max_tokens_cache.get((subject, route))
+        if hit is not None and time.monotonic() - hit[0] < self.policy_cache_ttl_s:
+            return True, hit[1]
+        return False, None
+
+    def cache_max_tokens(self, subject: str, route: str, value: int | None) -> None:
+        self._max_tokens_cache[(subject, route)] = (time.monotonic(), value)
+
+
+class Reservoir:
+    """Blocking client. Use as a context manager, or call :meth:`close`.
+
+    ``transport`` replaces httpx's (tests inject faults there); ``http_client``
+    replaces the whole httpx client (its base URL must be the server's).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+        rng: random.Random | None = None,
+        policy_cache_ttl_s: float = DEFAULT_POLICY_CACHE_TTL_S,
+    ) -> None:
+        self._p = _Protocol(token=token, retry=retry or RetryPolicy(), rng=rng, policy_cache_ttl_s=policy_cache_ttl_s)
+        self._timeout_s = timeout_s
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(base_url=base_url, transport=transport)
+
+    def __enter__(self) -> Reservoir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def _send(self, request: _Request) -> httpx.Response:
+        attempts = self._p.attempts(request)
+        while True:
+            try:
+                response = self._http.request(
+                    request.method, request.path, **self._p.http_kwargs(request, attempts, self._timeout_s)
+                )
+            except httpx.TransportError as exc:
+                delay = attempts.transport_failed(exc)
+            else:
+                if response.is_success:
+                    return response
+                delay = attempts.answered(self._p.problem(response))
+            if delay is None:
+                raise attempts.give_up()
+            time.sleep(delay)
+
+    def reserve(
+        self,
+        subject: str,
+        route: str,
+        *,
+        units: int | None = None,
+        counted_input_tokens: int | None = None,
+        max_tokens: int | None = None,
+        reservation_id: str | None = None,
+    ) -> Receipt:
+        """Reserve capacity: ``units`` exactly, or let the server size it from
+        ``counted_input_tokens`` and ``max_tokens`` (else the route's default
+        ``max_tokens``, else its output distribution). Without
+        ``reservation_id`` a fresh one is made, and kept on every retry.
+
+        Raises :class:`~reservoir_client.errors.ReservationUnknown` when the
+        answer was lost until the deadline; :meth:`resolve` settles that."""
+        return self._p.receipt(
+            self._send(
+                self._p.reserve(
+                    subject,
+                    route,
+                    reservation_id=reservation_id,
+                    units=units,
+                    counted_input_tokens=counted_input_tokens,
+                    max_tokens=max_tokens,
+                )
+            )
+        )
+
+    def resolve(self, unknown: ReservationUnknown) -> Receipt:
+        """Ask again, with the same id and body, for a reserve whose answer was
+        lost: the receipt the server committed (``created`` False), or a new
+        reservation if the lost try never landed. Never a second debit."""
+        return self._p.receipt(
+            self._send(
+                _Request(
+                    "POST",
+                    unknown.path,
+                    dict(unknown.request_body or {}),
+                    reservation_id=unknown.reservation_id,
+                    headers={"idempotency-key": unknown.reservation_id},
+                )
+            )
+        )
+
+    def start(self, reservation_id: str, operation_id: str) -> Receipt:
+        """RESERVED → STARTED, binding the provider call's ``operation_id``."""
+        return self._p.receipt(self._send(self._p.start(reservation_id, operation_id)))
+
+    def settle(
+        self,
+        reservation_id: str,
+        actual_units: int,
+        *,
+        operation_id: str | None = None,
+        usage: Usage | None = None,
+    ) -> Receipt:
+        """Settle with what the call used; the unused rest goes back, any excess
+        becomes debt. ``usage`` teaches the route's estimates and drift."""
+        return self._p.receipt(self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
+
+    def release(self, reservation_id: str) -> Receipt:
+        """Give back a reservation that was never started."""
+        return self._p.receipt(self._send(self._p.release(reservation_id)))
+
+    def get_reservation(self, reservation_id: str) -> Receipt:
+        """The committed receipt of ``reservation_id``."""
+        return self._p.receipt(self._send(self._p.get_reservation(reservation_id)))
+
+    def policy(self, subject: str, route: str) -> dict[str, Any]:
+        """The active policy of a subject and route, with its estimator, as JSON."""
+        body = self._send(self._p.policy(subject, route)).json()
+        assert isinstance(body, dict)
+        return body
+
+    def route_default_max_tokens(self, subject: str, route: str) -> int | None:
+        """The route's configured default ``max_tokens`` (cached a while)."""
+        hit, value = self._p.cached_max_tokens(subject, route)
+        if not hit:
+            value = self._p.default_max_tokens(self.policy(subject, route))
+            self._p.cache_max_tokens(subject, route, value)
+        return value
+
+    def fill_max_tokens(
+        self, subject: str, route: str, request: Mapping[str, Any], *, key: str = "max_tokens"
+    ) -> dict[str, Any]:
+        """``request`` with the route's default ``max_tokens`` under ``key``
+        when it sets no output limit of its own (see
+        :func:`~reservoir_client.max_tokens.with_default_max_tokens`)."""
+        return with_default_max_tokens(request, self.route_default_max_tokens(subject, route), key=key)
+
+    def partitions(self) -> list[PartitionView]:
+        """Every partition's ledger terms and the server's conservation check."""
+        return self._p.partition_views(self._send(self._p.partitions()))
+
+
+class AsyncReservoir:
+    """Async client (asyncio or trio, through anyio). ``async with`` it, or
+    call :meth:`aclose`. Same methods as :class:`Reservoir`, awaited."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        rng: random.Random | None = None,
+        policy_cache_ttl_s: float = DEFAULT_POLICY_CACHE_TTL_S,
+    ) -> None:
+        self._p = _Protocol(token=token, retry=retry or RetryPolicy(), rng=rng, policy_cache_ttl_s=policy_cache_ttl_s)
+        self._timeout_s = timeout_s
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(base_url=base_url, transport=transport)
+
+    async def __aenter__(self) -> AsyncReservoir:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def _send(self, request: _Request) -> httpx.Response:
+        attempts = self._p.attempts(request)
+        while True:
+            try:
+                response = await self._http.request(
+                    request.method, request.path, **self._p.http_kwargs(request, attempts, self._timeout_s)
+                )
+            except httpx.TransportError as exc:
+                delay = attempts.transport_failed(exc)
+            else:
+                if response.is_success:
+                    return response
+                delay = attempts.answered(self._p.problem(response))
+            if delay is None:
+                raise attempts.give_up()
+            await anyio.sleep(delay)
+
+    async def reserve(
+        self,
+        subject: str,
+        route: str,
+        *,
+        units: int | None = None,
+        counted_input_tokens: int | None = None,
+        max_tokens: int | None = None,
+        reservation_id: str | None = None,
+    ) -> Receipt:
+        """See :meth:`Reservoir.reserve`."""
+        return self._p.receipt(
+            await self._send(
+                self._p.reserve(
+                    subject,
+                    route,
+                    reservation_id=reservation_id,
+                    units=units,
+                    counted_input_tokens=counted_input_tokens,
+                    max_tokens=max_tokens,
+                )
+            )
+        )
+
+    async def resolve(self, unknown: ReservationUnknown) -> Receipt:
+        """See :meth:`Reservoir.resolve`."""
+        return self._p.receipt(
+            await self._send(
+                _Request(
+                    "POST",
+                    unknown.path,
+                    dict(unknown.request_body or {}),
+                    reservation_id=unknown.reservation_id,
+                    headers={"idempotency-key": unknown.reservation_id},
+                )
+            )
+        )
+
+    async def start(self, reservation_id: str, operation_id: str) -> Receipt:
+        """See :meth:`Reservoir.start`."""
+        return self._p.receipt(await self._send(self._p.start(reservation_id, operation_id)))
+
+    async def settle(
+        self,
+        reservation_id: str,
+        actual_units: int,
+        *,
+        operation_id: str | None = None,
+        usage: Usage | None = None,
+    ) -> Receipt:
+        """See :meth:`Reservoir.settle`."""
+        return self._p.receipt(await self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
+
+    async def release(self, reservation_id: str) -> Receipt:
+        """See :meth:`Reservoir.release`."""
+        return self._p.receipt(await self._send(self._p.release(reservation_id)))
+
+    async def get_reservation(self, reservation_id: str) -> Receipt:
+        """See :meth:`Reservoir.get_reservation`."""
+        return self._p.receipt(await self._send(self._p.get_reservation(reservation_id)))
+
+    async def policy(self, subject: str, route: str) -> dict[str, Any]:
+        """See :meth:`Reservoir.policy`."""
+        body = (await self._send(self._p.policy(subject, route))).json()
+        assert isinstance(body, dict)
+        return body
+
+    async def route_default_max_tokens(self, subject: str, route: str) -> int | None:
+        """See :meth:`Reservoir.route_default_max_tokens`."""
+        hit, value = self._p.cached_max_tokens(subject, route)
+        if not hit:
+            value = self._p.default_max_tokens(await self.policy(subject, route))
+            self._p.cache_max_tokens(subject, route, value)
+        return value
+
+    async def fill_max_tokens(
+        self, subject: str, route: str, request: Mapping[str, Any], *, key: str = "max_tokens"
+    ) -> dict[str, Any]:
+        """See :meth:`Reservoir.fill_max_tokens`."""
+        return with_default_max_tokens(request, await self.route_default_max_tokens(subject, route), key=key)
+
+    async def partitions(self) -> list[PartitionView]:
+        """See :meth:`Reservoir.partitions`."""
+        return self._p.partition_views(await self._send(self._p.partitions()))
