@@ -5,7 +5,7 @@ through the route's learnt estimate and input drift)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, AsyncGenerator
 
 import anthropic
 import anyio
@@ -148,6 +148,55 @@ async def test_a_cancelled_task_still_settles_what_streamed(
         assert guard.settled is not None
         assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", REPORTED + 700)
     assert assert_conserved(base, subject)["spent_units"] == 820
+
+
+async def test_a_gateway_generator_closed_on_client_disconnect_settles_the_count(
+    base: str, subject: str, route: str, provider: FakeProvider
+) -> None:
+    # The first seed's shape: the gateway's handler is an async generator
+    # around the guard; when its HTTP client disconnects, the web server
+    # stops iterating and closes the generator (GeneratorExit at the yield).
+    publish(base, subject, route, burst=BURST)
+    provider.reset(Script(input_tokens=REPORTED, output_tokens=2_000))
+    guards: list[Any] = []
+    async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
+        lease = await reserve(rsv, subject, route)
+
+        async def handler() -> AsyncGenerator[str, None]:
+            guard = guarded_stream(rsv, lease, sdk.messages.stream(**request()), counted_input_tokens=COUNTED)
+            guards.append(guard)
+            async with guard as s:
+                async for event in s:
+                    if is_text_delta(event):
+                        yield event.delta.text
+
+        body = handler()
+        sent = 0
+        async for _ in body:
+            sent += 1
+            if sent == 900:
+                break
+        await body.aclose()  # what the server does once the client is gone
+        (guard,) = guards
+        assert guard.settled is not None
+        assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", REPORTED + 900)
+    assert assert_conserved(base, subject)["spent_units"] == 1_020
+
+
+async def test_a_reservation_started_by_the_caller_keeps_its_operation_id(
+    base: str, subject: str, route: str, provider: FakeProvider
+) -> None:
+    publish(base, subject, route, burst=BURST)
+    provider.reset(Script(input_tokens=REPORTED, output_tokens=50))
+    async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
+        lease = await reserve(rsv, subject, route)
+        started = await rsv.start(lease.id, "gateway-op-7")
+        async with guarded_stream(rsv, started, sdk.messages.stream(**request()), counted_input_tokens=COUNTED) as s:
+            async for _ in s:
+                pass
+        assert s.settled is not None
+        assert (s.settled.operation_id, s.settled.actual_units) == ("gateway-op-7", REPORTED + 50)
+    assert assert_conserved(base, subject)["spent_units"] == 170
 
 
 async def test_a_provider_that_refuses_before_streaming_settles_nothing(

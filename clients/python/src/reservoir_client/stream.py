@@ -78,7 +78,8 @@ class _Guard:
     ) -> None:
         self.reservation = receipt
         self.reservation_id = receipt.id
-        self.operation_id = operation_id or f"op-{receipt.id}"[:128]
+        # A reservation the caller already started keeps its operation id.
+        self.operation_id = operation_id or receipt.operation_id or f"op-{receipt.id}"[:128]
         self.meter = StreamMeter(counted_input_tokens=counted_input_tokens, estimate_tokens=estimate_tokens)
         self._settle_units = settle_units
         #: The settled receipt, once settled.
