@@ -54,6 +54,7 @@ async def test_a_complete_stream_settles_the_reported_usage(
         assert s.settled is not None
         assert (s.settled.state, s.settled.actual_units) == ("SETTLED", REPORTED + 300)
         assert s.settled.operation_id == f"op-{r.id}"
+        assert s.efficiency == 420 / 4_100
     p = assert_conserved(base, subject)
     assert (p["spent_units"], p["reserved_units"], p["available_units"]) == (420, 0, BURST - 420)
     assert s.settled.log_position is not None

@@ -88,6 +88,14 @@ class _Guard:
         self.settle_error: BaseException | None = None
         self._done = False
 
+    @property
+    def efficiency(self) -> float | None:
+        """Settled ÷ reserved units once settled (the seed's reservation
+        efficiency, for the gateway's own metrics)."""
+        if self.settled is None or self.settled.actual_units is None or not self.settled.reserved_units:
+            return None
+        return self.settled.actual_units / self.settled.reserved_units
+
     def _must_start(self) -> bool:
         return self.reservation.state == "RESERVED"
 
