@@ -1,0 +1,531 @@
+//! [`Client`]: the ledger's HTTP API as retried, typed steps.
+//!
+//! Each step is sent again with the same arguments until it is answered or its
+//! deadline passes (see [`crate::retry`]): reserve keeps its id and body,
+//! start its operation id, settle its amount. A reserve that may have reached
+//! the ledger but was never answered ends as [`Error::ReservationUnknown`],
+//! resolved by [`Client::resolve`] — the same reserve again, which the ledger
+//! answers with the original receipt if it holds one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::background::Background;
+use crate::error::Error;
+use crate::fallback::Fallback;
+use crate::lease::{Hold, Reservation};
+use crate::retry::{self, Attempt, RetryPolicy};
+use crate::types::{
+    path_segment, ActivePolicyBody, OperationId, Problem, Receipt, ReservationId, ReserveRequest,
+    RouteInfo, Settlement,
+};
+
+/// Builds a [`Client`].
+pub struct ClientBuilder {
+    base_url: String,
+    retry: RetryPolicy,
+    http: Option<reqwest::Client>,
+    fallback: Option<Arc<dyn Fallback>>,
+}
+
+impl ClientBuilder {
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// A `reqwest::Client` of the gateway's own (connection pool, TLS, proxies).
+    pub fn http(mut self, http: reqwest::Client) -> Self {
+        self.http = Some(http);
+        self
+    }
+
+    /// What to admit while the ledger cannot be reached (emergency shards plug in here).
+    pub fn fallback(mut self, fallback: Arc<dyn Fallback>) -> Self {
+        self.fallback = Some(fallback);
+        self
+    }
+
+    pub fn build(self) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                http: self.http.unwrap_or_default(),
+                base: self.base_url.trim_end_matches('/').to_string(),
+                retry: self.retry,
+                routes: Mutex::new(HashMap::new()),
+                background: Arc::default(),
+                fallback: self.fallback,
+            }),
+        }
+    }
+}
+
+/// The gateway's handle on the ledger; cheap to clone, shared by every request.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    http: reqwest::Client,
+    base: String,
+    pub(crate) retry: RetryPolicy,
+    routes: Mutex<HashMap<(String, String), RouteInfo>>,
+    pub(crate) background: Arc<Background>,
+    fallback: Option<Arc<dyn Fallback>>,
+}
+
+/// One HTTP exchange: an answer, or no answer (and whether the request may have been sent).
+enum Exchange {
+    Answer {
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        body: Vec<u8>,
+    },
+    Lost {
+        why: String,
+        maybe_sent: bool,
+    },
+}
+
+impl Client {
+    pub fn builder(base_url: &str) -> ClientBuilder {
+        ClientBuilder {
+            base_url: base_url.to_string(),
+            retry: RetryPolicy::default(),
+            http: None,
+            fallback: None,
+        }
+    }
+
+    pub fn new(base_url: &str) -> Client {
+        Client::builder(base_url).build()
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.retry
+    }
+
+    /// Reserves under a fresh id and returns the RESERVED handle (start it, or
+    /// drop it to release). Reads the route first (cached), so the handle knows
+    /// the capacity unit and priority.
+    pub async fn reserve(&self, request: ReserveRequest) -> Result<Reservation, Error> {
+        self.reserve_as(ReservationId::random(), request).await
+    }
+
+    /// The same under an id of the caller's (e.g. its own request id).
+    pub async fn reserve_as(
+        &self,
+        id: ReservationId,
+        request: ReserveRequest,
+    ) -> Result<Reservation, Error> {
+        let route = match self.route(&request.subject, &request.route).await {
+            Ok(route) => route,
+            Err(Error::Unavailable(why)) => return self.fall_back(id, request, None, why),
+            Err(e) => return Err(e),
+        };
+        match self.reserve_receipt(&id, &request).await {
+            Ok(receipt) => {
+                let route = if receipt.policy_generation != route.policy_generation {
+                    // A newer generation took over: its priority and unit, if readable now.
+                    self.refresh_route(&request.subject, &request.route)
+                        .await
+                        .unwrap_or(route)
+                } else {
+                    route
+                };
+                Ok(Reservation::new(
+                    self.clone(),
+                    request,
+                    route,
+                    Hold::Ledger(receipt),
+                ))
+            }
+            Err(Error::Unavailable(why)) => self.fall_back(id, request, Some(route), why),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The ledger was never reached: ask the fallback, if any, for a local hold.
+    fn fall_back(
+        &self,
+        id: ReservationId,
+        request: ReserveRequest,
+        route: Option<RouteInfo>,
+        why: String,
+    ) -> Result<Reservation, Error> {
+        let Some(fallback) = &self.inner.fallback else {
+            return Err(Error::Unavailable(why));
+        };
+        let cached = route.or_else(|| self.cached_route(&request.subject, &request.route));
+        match fallback.reserve(&id, &request, cached.as_ref()) {
+            Some(hold) => {
+                metrics::counter!("reservoir_client_fallback_admissions_total").increment(1);
+                let route = cached.unwrap_or_else(|| RouteInfo {
+                    subject: request.subject.clone(),
+                    route: request.route.clone(),
+                    policy_generation: 0,
+                    default_max_tokens: None,
+                    priority: 0,
+                    capacity_unit: crate::CapacityUnit::Tokens,
+                });
+                Ok(Reservation::new(
+                    self.clone(),
+                    request,
+                    route,
+                    Hold::Local { id, hold },
+                ))
+            }
+            None => Err(Error::Unavailable(why)),
+        }
+    }
+
+    /// `POST /v1/reservations` with `id`, retried with the same id and body.
+    /// Lost answers end as [`Error::ReservationUnknown`]; an `Unavailable`
+    /// means no attempt can have reached the ledger.
+    pub async fn reserve_receipt(
+        &self,
+        id: &ReservationId,
+        request: &ReserveRequest,
+    ) -> Result<Receipt, Error> {
+        let body = request.body(id);
+        let maybe_reached = std::sync::atomic::AtomicBool::new(false);
+        let result = retry::run(
+            &self.inner.retry,
+            "reserve",
+            |timeout| {
+                let body = &body;
+                let maybe_reached = &maybe_reached;
+                async move {
+                    let exchange = self
+                        .exchange(
+                            reqwest::Method::POST,
+                            "/v1/reservations",
+                            Some(body),
+                            timeout,
+                        )
+                        .await;
+                    // A 503 may come from a writer that appended and was then fenced.
+                    let reached = match &exchange {
+                        Exchange::Lost { maybe_sent, .. } => *maybe_sent,
+                        Exchange::Answer { status, .. } => {
+                            *status == StatusCode::SERVICE_UNAVAILABLE
+                        }
+                    };
+                    if reached {
+                        maybe_reached.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    self.classify(exchange)
+                }
+            },
+            Error::Unavailable,
+        )
+        .await;
+        match result {
+            Err(Error::Unavailable(last)) if maybe_reached.into_inner() => {
+                metrics::counter!("reservoir_client_reservation_unknown_total").increment(1);
+                Err(Error::ReservationUnknown {
+                    id: id.clone(),
+                    last,
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// Resolves RESERVATION_UNKNOWN: the same reserve, same id and body,
+    /// asked again. The ledger answers the original receipt if it committed
+    /// one, else reserves now; either way exactly one debit.
+    pub async fn resolve(
+        &self,
+        id: &ReservationId,
+        request: &ReserveRequest,
+    ) -> Result<Receipt, Error> {
+        self.reserve_receipt(id, request).await
+    }
+
+    /// RESERVED → STARTED under `operation_id` (repeatable with the same one).
+    pub async fn start(
+        &self,
+        id: &ReservationId,
+        operation_id: &OperationId,
+    ) -> Result<Receipt, Error> {
+        let body = serde_json::json!({ "operation_id": operation_id });
+        self.write(
+            &format!("/v1/reservations/{}/start", path_segment(id.as_str())),
+            &body,
+            "start",
+        )
+        .await
+    }
+
+    /// Settles with a fixed amount; every retry sends the same one.
+    pub async fn settle(
+        &self,
+        id: &ReservationId,
+        settlement: &Settlement,
+    ) -> Result<Receipt, Error> {
+        let body =
+            serde_json::to_value(settlement).map_err(|e| Error::InvalidInput(e.to_string()))?;
+        let receipt = self
+            .write(
+                &format!("/v1/reservations/{}/settle", path_segment(id.as_str())),
+                &body,
+                "settle",
+            )
+            .await?;
+        crate::metrics::settled(&receipt);
+        Ok(receipt)
+    }
+
+    /// Gives back an unstarted reservation.
+    pub async fn release(&self, id: &ReservationId) -> Result<Receipt, Error> {
+        let body = serde_json::json!({});
+        let receipt = self
+            .write(
+                &format!("/v1/reservations/{}/release", path_segment(id.as_str())),
+                &body,
+                "release",
+            )
+            .await?;
+        crate::metrics::settled(&receipt);
+        Ok(receipt)
+    }
+
+    /// The committed receipt, or `None` if the ledger holds no such id.
+    pub async fn get(&self, id: &ReservationId) -> Result<Option<Receipt>, Error> {
+        let path = format!("/v1/reservations/{}", path_segment(id.as_str()));
+        let result = retry::run(
+            &self.inner.retry,
+            "get",
+            |timeout| {
+                let path = &path;
+                async move {
+                    match self
+                        .exchange(reqwest::Method::GET, path, None, timeout)
+                        .await
+                    {
+                        Exchange::Answer { status, body, .. }
+                            if status == StatusCode::NOT_FOUND =>
+                        {
+                            match problem(&body).code() {
+                                "unknown_reservation" => Attempt::Done(None),
+                                _ => Attempt::Fail(rejected(status, &body)),
+                            }
+                        }
+                        other => match self.classify::<Receipt>(other) {
+                            Attempt::Done(r) => Attempt::Done(Some(r)),
+                            Attempt::Again { why, after } => Attempt::Again { why, after },
+                            Attempt::Fail(e) => Attempt::Fail(e),
+                        },
+                    }
+                }
+            },
+            Error::Unavailable,
+        )
+        .await;
+        result
+    }
+
+    /// The route's settings (default `max_tokens`, priority, capacity unit), cached.
+    pub async fn route(&self, subject: &str, route: &str) -> Result<RouteInfo, Error> {
+        match self.cached_route(subject, route) {
+            Some(info) => Ok(info),
+            None => self.refresh_route(subject, route).await,
+        }
+    }
+
+    fn cached_route(&self, subject: &str, route: &str) -> Option<RouteInfo> {
+        let routes = self.inner.routes.lock().expect("route cache");
+        routes
+            .get(&(subject.to_string(), route.to_string()))
+            .cloned()
+    }
+
+    /// Reads the route's active policy again (a receipt showed a newer generation).
+    pub async fn refresh_route(&self, subject: &str, route: &str) -> Result<RouteInfo, Error> {
+        let path = format!(
+            "/v1/policies/{}/{}",
+            path_segment(subject),
+            path_segment(route)
+        );
+        let info: RouteInfo = retry::run(
+            &self.inner.retry,
+            "policy",
+            |timeout| {
+                let path = &path;
+                async move {
+                    let exchange = self
+                        .exchange(reqwest::Method::GET, path, None, timeout)
+                        .await;
+                    match self.classify::<ActivePolicyBody>(exchange) {
+                        Attempt::Done(body) => Attempt::Done(RouteInfo::from(body)),
+                        Attempt::Again { why, after } => Attempt::Again { why, after },
+                        Attempt::Fail(e) => Attempt::Fail(e),
+                    }
+                }
+            },
+            Error::Unavailable,
+        )
+        .await?;
+        self.inner
+            .routes
+            .lock()
+            .expect("route cache")
+            .insert((subject.to_string(), route.to_string()), info.clone());
+        Ok(info)
+    }
+
+    /// Puts the route's default `max_tokens` into a provider request body that
+    /// sets none (`max_tokens`, or OpenAI's `max_completion_tokens`); returns the
+    /// limit the request now carries. Reserve with it, and sizing is exact.
+    pub async fn inject_max_tokens(
+        &self,
+        subject: &str,
+        route: &str,
+        body: &mut Value,
+    ) -> Result<Option<u64>, Error> {
+        for key in ["max_tokens", "max_completion_tokens"] {
+            if let Some(given) = body.get(key).and_then(Value::as_u64) {
+                return Ok(Some(given));
+            }
+        }
+        let info = self.route(subject, route).await?;
+        if let (Some(default), Some(object)) = (info.default_max_tokens, body.as_object_mut()) {
+            object.insert("max_tokens".to_string(), default.into());
+        }
+        Ok(info.default_max_tokens)
+    }
+
+    /// Waits until every settle or release begun by a dropped handle finished.
+    pub async fn flush(&self) {
+        self.inner.background.idle().await;
+    }
+
+    /// Background settles or releases that failed for good (see the logs for which).
+    pub fn background_failures(&self) -> u64 {
+        self.inner.background.failures()
+    }
+
+    async fn write(&self, path: &str, body: &Value, step: &'static str) -> Result<Receipt, Error> {
+        retry::run(
+            &self.inner.retry,
+            step,
+            |timeout| async move {
+                let exchange = self
+                    .exchange(reqwest::Method::POST, path, Some(body), timeout)
+                    .await;
+                self.classify(exchange)
+            },
+            Error::Unavailable,
+        )
+        .await
+    }
+
+    async fn exchange(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Exchange {
+        let mut request = self
+            .inner
+            .http
+            .request(method, format!("{}{path}", self.inner.base))
+            .timeout(timeout);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                return Exchange::Lost {
+                    why: format!("{e:?}"),
+                    maybe_sent: !e.is_connect(),
+                }
+            }
+        };
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        match response.bytes().await {
+            Ok(body) => Exchange::Answer {
+                status,
+                retry_after,
+                body: body.to_vec(),
+            },
+            Err(e) => Exchange::Lost {
+                why: format!("answer cut off: {e:?}"),
+                maybe_sent: true,
+            },
+        }
+    }
+
+    fn classify<T: serde::de::DeserializeOwned>(&self, exchange: Exchange) -> Attempt<T> {
+        match exchange {
+            Exchange::Lost { why, .. } => Attempt::Again { why, after: None },
+            Exchange::Answer { status, body, .. } if status.is_success() => {
+                match serde_json::from_slice(&body) {
+                    Ok(v) => Attempt::Done(v),
+                    Err(e) => Attempt::Fail(Error::Protocol(format!(
+                        "{e}: {}",
+                        String::from_utf8_lossy(&body)
+                    ))),
+                }
+            }
+            Exchange::Answer {
+                status,
+                retry_after,
+                body,
+            } if status == StatusCode::TOO_MANY_REQUESTS => {
+                if self.inner.retry.retry_refusals {
+                    Attempt::Again {
+                        why: format!("429 {}", problem(&body).code()),
+                        after: retry_after,
+                    }
+                } else {
+                    Attempt::Fail(Error::Refused {
+                        problem: Box::new(problem(&body)),
+                        retry_after,
+                    })
+                }
+            }
+            Exchange::Answer {
+                status,
+                retry_after,
+                body,
+            } if status == StatusCode::SERVICE_UNAVAILABLE => Attempt::Again {
+                why: format!("503 {}", problem(&body).code()),
+                after: retry_after,
+            },
+            Exchange::Answer { status, body, .. } => Attempt::Fail(rejected(status, &body)),
+        }
+    }
+}
+
+fn problem(body: &[u8]) -> Problem {
+    serde_json::from_slice(body).unwrap_or_else(|_| Problem {
+        detail: String::from_utf8_lossy(body).into_owned(),
+        ..Problem::default()
+    })
+}
+
+fn rejected(status: StatusCode, body: &[u8]) -> Error {
+    Error::Rejected {
+        status: status.as_u16(),
+        problem: Box::new(problem(body)),
+    }
+}

@@ -1,0 +1,45 @@
+//! `reservoir-client`: what a gateway embeds to hold LLM capacity in the
+//! Reservoir ledger, over its HTTP API only.
+//!
+//! - [`Client`]: reserve / start / settle / release with typed receipts
+//!   ([`Receipt`]) and sizing inputs ([`ReserveRequest`], [`Sizing`]). Every
+//!   step is retried with the same id and body under one deadline
+//!   ([`RetryPolicy`]: exponential backoff, full jitter), so a lost answer can
+//!   never debit twice; a reserve left unanswered is
+//!   [`Error::ReservationUnknown`] until [`Client::resolve`] asks again with
+//!   the same id. [`Client::inject_max_tokens`] puts the route's default
+//!   `max_tokens` into requests that set none.
+//! - [`Reservation`] (RESERVED) and [`Lease`] (STARTED): the streaming guard.
+//!   The lease keeps a running count ([`UsageMeter`]) of Anthropic- or
+//!   OpenAI-style stream usage and settles on finish, or — cancelled, failed,
+//!   dropped — in the background against what the count reached, recording
+//!   usage (model, counted and reported input, output) for the ledger's
+//!   estimates and drift.
+//! - [`StartScheduler`]: when only so many provider calls may run, picks the
+//!   next RESERVED request to start by tenant weight and policy priority.
+//! - [`Fallback`]: the hook where emergency shards admit while the ledger is
+//!   unreachable (none ships yet: the client fails closed).
+//! - [`metrics`]: what is exported through the `metrics` facade.
+
+mod background;
+mod client;
+mod error;
+mod fallback;
+mod lease;
+pub mod metrics;
+mod retry;
+mod scheduler;
+mod types;
+mod usage;
+
+pub use client::{Client, ClientBuilder};
+pub use error::Error;
+pub use fallback::{Fallback, LocalHold};
+pub use lease::{Lease, Reservation, Settled};
+pub use retry::{Backoff, RetryPolicy};
+pub use scheduler::{Admitted, FairQueue, Permit, SchedulerConfig, StartScheduler, TenantShare};
+pub use types::{
+    CapacityUnit, LogPosition, OperationId, Problem, Receipt, ReservationId, ReservationState,
+    ReserveRequest, RouteInfo, Settlement, Sizing, SizingReceipt, Usage,
+};
+pub use usage::{SseScanner, UsageMeter};

@@ -1,0 +1,242 @@
+//! The running count of a streamed call: [`UsageMeter`] folds provider usage
+//! as it arrives (Anthropic `message_start` / `message_delta`, OpenAI's final
+//! `usage` chunk, or deltas the gateway counts itself), and [`SseScanner`]
+//! cuts a proxied byte stream into server-sent events to feed it.
+//!
+//! Counts only go up: providers report cumulative output, so the meter keeps
+//! the largest value seen, and a repeated or reordered event can never lower
+//! what a cancelled stream is charged.
+
+use serde_json::Value;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UsageMeter {
+    output_tokens: u64,
+    reported_input_tokens: Option<u64>,
+    model: Option<String>,
+    finished: bool,
+}
+
+impl UsageMeter {
+    pub fn output_tokens(&self) -> u64 {
+        self.output_tokens
+    }
+
+    pub fn reported_input_tokens(&self) -> Option<u64> {
+        self.reported_input_tokens
+    }
+
+    /// The model the provider says answered, if it said.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// The provider signalled the end of the message (`message_stop`, a
+    /// `finish_reason`, OpenAI's usage chunk).
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Output tokens the gateway counted itself (a provider without usage in its stream).
+    pub fn add_output_tokens(&mut self, n: u64) {
+        self.output_tokens = self.output_tokens.saturating_add(n);
+    }
+
+    /// A cumulative output count from anywhere.
+    pub fn saw_output_total(&mut self, total: u64) {
+        self.output_tokens = self.output_tokens.max(total);
+    }
+
+    fn saw_input(&mut self, n: u64) {
+        self.reported_input_tokens = Some(self.reported_input_tokens.unwrap_or(0).max(n));
+    }
+
+    /// One Anthropic Messages stream event (the `data:` JSON).
+    pub fn observe_anthropic(&mut self, event: &Value) {
+        let usage = match event["type"].as_str() {
+            Some("message_start") => {
+                if let Some(m) = event["message"]["model"].as_str() {
+                    self.model = Some(m.to_string());
+                }
+                &event["message"]["usage"]
+            }
+            Some("message_delta") => &event["usage"],
+            Some("message_stop") => {
+                self.finished = true;
+                return;
+            }
+            _ => return,
+        };
+        if let Some(n) = usage["input_tokens"].as_u64() {
+            self.saw_input(n);
+        }
+        if let Some(n) = usage["output_tokens"].as_u64() {
+            self.saw_output_total(n);
+        }
+    }
+
+    /// One OpenAI Chat Completions stream chunk: the model on every chunk,
+    /// usage on the final one (`stream_options.include_usage`).
+    pub fn observe_openai(&mut self, chunk: &Value) {
+        if let Some(m) = chunk["model"].as_str() {
+            self.model = Some(m.to_string());
+        }
+        let usage = &chunk["usage"];
+        if let Some(n) = usage["prompt_tokens"].as_u64() {
+            self.saw_input(n);
+        }
+        if let Some(n) = usage["completion_tokens"].as_u64() {
+            self.saw_output_total(n);
+            self.finished = true;
+        }
+        if let Some(choices) = chunk["choices"].as_array() {
+            if choices.iter().any(|c| c["finish_reason"].is_string()) {
+                self.finished = true;
+            }
+        }
+    }
+
+    /// One SSE `data:` payload of either provider (`[DONE]` ends OpenAI's stream).
+    pub fn observe_sse_data(&mut self, data: &str) {
+        if data.trim() == "[DONE]" {
+            self.finished = true;
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        if v.get("type").is_some() {
+            self.observe_anthropic(&v);
+        } else {
+            self.observe_openai(&v);
+        }
+    }
+}
+
+/// Cuts a byte stream into SSE events' `data:` payloads (joined by `\n` when
+/// an event has several). Bytes are passed on untouched by the caller; this
+/// only reads them.
+#[derive(Debug, Default)]
+pub struct SseScanner {
+    buffer: Vec<u8>,
+}
+
+impl SseScanner {
+    /// The data of every event completed by `chunk`.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        self.buffer.extend_from_slice(chunk);
+        let mut events = Vec::new();
+        while let Some(end) = find_event_end(&self.buffer) {
+            let raw: Vec<u8> = self.buffer.drain(..end.0 + end.1).collect();
+            let text = String::from_utf8_lossy(&raw[..end.0]);
+            let data: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            if !data.is_empty() {
+                events.push(data.join("\n"));
+            }
+        }
+        events
+    }
+}
+
+/// Where the first blank line ends an event: (event length, separator length).
+fn find_event_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2));
+    let crlf = buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| (p, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn anthropic_events_fold_into_a_running_count() {
+        let mut m = UsageMeter::default();
+        // (event, output after it, reported input after it, finished)
+        let table = [
+            (
+                json!({"type": "message_start", "message": {"model": "claude-x", "usage": {"input_tokens": 120, "output_tokens": 1}}}),
+                1,
+                Some(120),
+                false,
+            ),
+            (
+                json!({"type": "content_block_delta", "delta": {"text": "hi"}}),
+                1,
+                Some(120),
+                false,
+            ),
+            (
+                json!({"type": "message_delta", "usage": {"output_tokens": 450}}),
+                450,
+                Some(120),
+                false,
+            ),
+            (
+                json!({"type": "message_delta", "usage": {"output_tokens": 900}}),
+                900,
+                Some(120),
+                false,
+            ),
+            // An older, repeated delta never lowers the count.
+            (
+                json!({"type": "message_delta", "usage": {"output_tokens": 450}}),
+                900,
+                Some(120),
+                false,
+            ),
+            (json!({"type": "ping"}), 900, Some(120), false),
+            (json!({"type": "message_stop"}), 900, Some(120), true),
+        ];
+        for (event, output, input, finished) in table {
+            m.observe_anthropic(&event);
+            assert_eq!(
+                (m.output_tokens(), m.reported_input_tokens(), m.finished()),
+                (output, input, finished),
+                "{event}"
+            );
+        }
+        assert_eq!(m.model(), Some("claude-x"));
+    }
+
+    #[test]
+    fn openai_reports_usage_in_its_final_chunk() {
+        let mut m = UsageMeter::default();
+        m.observe_sse_data(r#"{"object":"chat.completion.chunk","model":"gpt-x","choices":[{"delta":{"content":"a"},"finish_reason":null}],"usage":null}"#);
+        assert_eq!((m.output_tokens(), m.finished()), (0, false));
+        m.add_output_tokens(3); // the gateway's own count meanwhile
+        m.observe_sse_data(r#"{"object":"chat.completion.chunk","model":"gpt-x","choices":[],"usage":{"prompt_tokens":50,"completion_tokens":70}}"#);
+        assert_eq!(
+            (m.output_tokens(), m.reported_input_tokens(), m.finished()),
+            (70, Some(50), true)
+        );
+        m.observe_sse_data("[DONE]");
+        assert_eq!(m.model(), Some("gpt-x"));
+    }
+
+    #[test]
+    fn the_scanner_finds_events_across_chunk_boundaries() {
+        let mut s = SseScanner::default();
+        assert!(s.push(b"event: message_start\ndata: {\"a\"").is_empty());
+        assert_eq!(
+            s.push(b":1}\n\nevent: ping\ndata: {}\n\n"),
+            vec!["{\"a\":1}", "{}"]
+        );
+        assert_eq!(
+            s.push(b"data: x\r\ndata: y\r\n\r\n: comment\n\n"),
+            vec!["x\ny"]
+        );
+        assert!(s.push(b"data: partial").is_empty());
+    }
+}

@@ -1,0 +1,220 @@
+//! Lost answers, through the fault proxy: the ledger commits, the client never
+//! hears. The client asks again with the same id and gets the original
+//! receipt; the partition holds one reservation and one debit. And when the
+//! ledger cannot be reached at all, the fallback hook is asked — but never for
+//! a reserve that may have landed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reservoir_client::{
+    Client, Error, Fallback, LocalHold, ReservationId, ReservationState, ReserveRequest, RouteInfo,
+    Settlement,
+};
+use serde_json::json;
+
+use crate::proxy::FaultProxy;
+use crate::support::*;
+
+const RESERVE: &str = "POST /v1/reservations ";
+
+#[tokio::test]
+async fn a_reserve_whose_answer_was_lost_resolves_to_the_original_receipt() {
+    let ledger = Ledger::start().await;
+    ledger.publish(policy("u1", "chat", 1_000), None).await;
+    let proxy = FaultProxy::start(ledger.addr()).await;
+    let client = Client::builder(&proxy.base())
+        .retry(quick_retry(Duration::from_secs(20)))
+        .build();
+    client.route("u1", "chat").await.unwrap();
+
+    proxy.drop_answers(RESERVE, 1);
+    let reservation = client
+        .reserve(ReserveRequest::units("u1", "chat", 600))
+        .await
+        .unwrap();
+    assert_eq!(
+        (proxy.dropped(RESERVE), proxy.forwarded(RESERVE)),
+        (1, 2),
+        "one lost answer, one retry"
+    );
+
+    // The receipt the retry got is the one the ledger committed the first time.
+    let answered = reservation.receipt().unwrap().clone();
+    let committed = client.get(reservation.id()).await.unwrap().unwrap();
+    assert_eq!(answered, committed);
+    let p = ledger.partition("u1", "chat").await;
+    assert_eq!(
+        (
+            p["reservations"].as_u64(),
+            p["reserved_units"].as_u64(),
+            p["available_units"].as_u64()
+        ),
+        (Some(1), Some(600), Some(400))
+    );
+
+    // A lost settle answer: the retry repeats the same amount, settled once.
+    let lease = reservation.start().await.unwrap();
+    proxy.drop_answers("POST /v1/reservations/", 1);
+    let settled = lease
+        .finish_with(Settlement {
+            actual_units: 250,
+            operation_id: None,
+            usage: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(settled.receipt.unwrap().state, ReservationState::Settled);
+    assert_eq!(proxy.dropped("POST /v1/reservations/"), 1);
+    let p = ledger.partition("u1", "chat").await;
+    assert_eq!(
+        (
+            p["reservations"].as_u64(),
+            p["spent_units"].as_u64(),
+            p["available_units"].as_u64()
+        ),
+        (Some(1), Some(250), Some(750))
+    );
+}
+
+#[tokio::test]
+async fn reservation_unknown_until_asked_again_with_the_same_id() {
+    let ledger = Ledger::start().await;
+    ledger.publish(policy("u2", "chat", 1_000), None).await;
+    let proxy = FaultProxy::start(ledger.addr()).await;
+    let fallback = Arc::new(CountingFallback::default());
+    let client = Client::builder(&proxy.base())
+        .retry(quick_retry(Duration::from_millis(800)))
+        .fallback(fallback.clone())
+        .build();
+    client.route("u2", "chat").await.unwrap();
+
+    proxy.drop_answers(RESERVE, usize::MAX);
+    let id = ReservationId::new("rl-unknown-1").unwrap();
+    let request = ReserveRequest::units("u2", "chat", 700);
+    let e = client
+        .reserve_as(id.clone(), request.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::ReservationUnknown { id: unknown, .. } if *unknown == id),
+        "{e}"
+    );
+    assert!(
+        proxy.forwarded(RESERVE) >= 2,
+        "retried under the same id before the deadline"
+    );
+    // Never handed to the fallback: the ledger may hold it.
+    assert_eq!(fallback.reserved.load(Ordering::SeqCst), 0);
+
+    proxy.clear();
+    let resolved = client.resolve(&id, &request).await.unwrap();
+    assert_eq!(resolved, client.get(&id).await.unwrap().unwrap());
+    assert_eq!(
+        (resolved.state, resolved.held_units),
+        (ReservationState::Reserved, 700)
+    );
+    let p = ledger.partition("u2", "chat").await;
+    assert_eq!(
+        (p["reservations"].as_u64(), p["reserved_units"].as_u64()),
+        (Some(1), Some(700)),
+        "one debit however many asks"
+    );
+
+    client.release(&id).await.unwrap();
+    let p = ledger.partition("u2", "chat").await;
+    assert_eq!(p["available_units"].as_u64(), Some(1_000));
+}
+
+#[tokio::test]
+async fn an_unreachable_ledger_asks_the_fallback_and_the_lease_settles_locally() {
+    // Nothing listens on this port (bound, then closed): every connect is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let fallback = Arc::new(CountingFallback::default());
+    let client = Client::builder(&format!("http://{closed}"))
+        .retry(quick_retry(Duration::from_millis(300)))
+        .fallback(fallback.clone())
+        .build();
+    let reservation = client
+        .reserve(ReserveRequest::tokens("u3", "chat", 40, Some(100)))
+        .await
+        .unwrap();
+    assert!(reservation.is_local());
+    let mut lease = reservation.start().await.unwrap();
+    lease
+        .meter()
+        .observe_anthropic(&json!({"type": "message_delta", "usage": {"output_tokens": 60}}));
+    drop(lease); // cancelled mid-stream
+    client.flush().await;
+    assert_eq!(
+        (
+            fallback.reserved.load(Ordering::SeqCst),
+            fallback.settled_units.load(Ordering::SeqCst),
+            fallback.released.load(Ordering::SeqCst)
+        ),
+        (1, 100, 0)
+    );
+    // Without a fallback the client fails closed.
+    let closed_client = Client::builder(&format!("http://{closed}"))
+        .retry(quick_retry(Duration::from_millis(200)))
+        .build();
+    let e = closed_client
+        .reserve(ReserveRequest::units("u3", "chat", 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+}
+
+/// A stand-in for an emergency shard: counts what the client asked of it.
+#[derive(Default)]
+struct CountingFallback {
+    reserved: AtomicU64,
+    settled_units: Arc<AtomicU64>,
+    released: Arc<AtomicU64>,
+}
+
+impl Fallback for CountingFallback {
+    fn reserve(
+        &self,
+        _: &ReservationId,
+        request: &ReserveRequest,
+        _: Option<&RouteInfo>,
+    ) -> Option<Box<dyn LocalHold>> {
+        self.reserved.fetch_add(1, Ordering::SeqCst);
+        let units = match request.sizing {
+            reservoir_client::Sizing::Units(u) => u,
+            reservoir_client::Sizing::Tokens {
+                counted_input_tokens,
+                max_tokens,
+            } => counted_input_tokens + max_tokens.unwrap_or(0),
+        };
+        Some(Box::new(CountingHold {
+            units,
+            settled: self.settled_units.clone(),
+            released: self.released.clone(),
+        }))
+    }
+}
+
+struct CountingHold {
+    units: u64,
+    settled: Arc<AtomicU64>,
+    released: Arc<AtomicU64>,
+}
+
+impl LocalHold for CountingHold {
+    fn units(&self) -> u64 {
+        self.units
+    }
+    fn settle(&self, settlement: &Settlement) {
+        self.settled
+            .fetch_add(settlement.actual_units, Ordering::SeqCst);
+    }
+    fn release(&self) {
+        self.released.fetch_add(1, Ordering::SeqCst);
+    }
+}
