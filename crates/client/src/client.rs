@@ -7,21 +7,20 @@
 //! resolved by [`Client::resolve`] — the same reserve again, which the ledger
 //! answers with the original receipt if it holds one.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::background::Background;
 use crate::error::Error;
 use crate::fallback::Fallback;
+use crate::http::{problem, rejected, Exchange};
 use crate::lease::{Hold, Reservation};
 use crate::retry::{self, Attempt, RetryPolicy};
 use crate::types::{
-    path_segment, ActivePolicyBody, OperationId, Problem, Receipt, ReservationId, ReserveRequest,
-    RouteInfo, Settlement,
+    path_segment, ActivePolicyBody, OperationId, Receipt, ReservationId, ReserveRequest, RouteInfo,
+    Settlement,
 };
 
 /// Builds a [`Client`].
@@ -71,25 +70,12 @@ pub struct Client {
 }
 
 pub(crate) struct Inner {
-    http: reqwest::Client,
-    base: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
     pub(crate) retry: RetryPolicy,
     routes: Mutex<HashMap<(String, String), RouteInfo>>,
     pub(crate) background: Arc<Background>,
     fallback: Option<Arc<dyn Fallback>>,
-}
-
-/// One HTTP exchange: an answer, or no answer (and whether the request may have been sent).
-enum Exchange {
-    Answer {
-        status: StatusCode,
-        retry_after: Option<Duration>,
-        body: Vec<u8>,
-    },
-    Lost {
-        why: String,
-        maybe_sent: bool,
-    },
 }
 
 impl Client {
@@ -428,104 +414,5 @@ impl Client {
             Error::Unavailable,
         )
         .await
-    }
-
-    async fn exchange(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<&Value>,
-        timeout: Duration,
-    ) -> Exchange {
-        let mut request = self
-            .inner
-            .http
-            .request(method, format!("{}{path}", self.inner.base))
-            .timeout(timeout);
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let response = match request.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                return Exchange::Lost {
-                    why: format!("{e:?}"),
-                    maybe_sent: !e.is_connect(),
-                }
-            }
-        };
-        let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        match response.bytes().await {
-            Ok(body) => Exchange::Answer {
-                status,
-                retry_after,
-                body: body.to_vec(),
-            },
-            Err(e) => Exchange::Lost {
-                why: format!("answer cut off: {e:?}"),
-                maybe_sent: true,
-            },
-        }
-    }
-
-    fn classify<T: serde::de::DeserializeOwned>(&self, exchange: Exchange) -> Attempt<T> {
-        match exchange {
-            Exchange::Lost { why, .. } => Attempt::Again { why, after: None },
-            Exchange::Answer { status, body, .. } if status.is_success() => {
-                match serde_json::from_slice(&body) {
-                    Ok(v) => Attempt::Done(v),
-                    Err(e) => Attempt::Fail(Error::Protocol(format!(
-                        "{e}: {}",
-                        String::from_utf8_lossy(&body)
-                    ))),
-                }
-            }
-            Exchange::Answer {
-                status,
-                retry_after,
-                body,
-            } if status == StatusCode::TOO_MANY_REQUESTS => {
-                if self.inner.retry.retry_refusals {
-                    Attempt::Again {
-                        why: format!("429 {}", problem(&body).code()),
-                        after: retry_after,
-                    }
-                } else {
-                    Attempt::Fail(Error::Refused {
-                        problem: Box::new(problem(&body)),
-                        retry_after,
-                    })
-                }
-            }
-            Exchange::Answer {
-                status,
-                retry_after,
-                body,
-            } if status == StatusCode::SERVICE_UNAVAILABLE => Attempt::Again {
-                why: format!("503 {}", problem(&body).code()),
-                after: retry_after,
-            },
-            Exchange::Answer { status, body, .. } => Attempt::Fail(rejected(status, &body)),
-        }
-    }
-}
-
-fn problem(body: &[u8]) -> Problem {
-    serde_json::from_slice(body).unwrap_or_else(|_| Problem {
-        detail: String::from_utf8_lossy(body).into_owned(),
-        ..Problem::default()
-    })
-}
-
-fn rejected(status: StatusCode, body: &[u8]) -> Error {
-    Error::Rejected {
-        status: status.as_u16(),
-        problem: Box::new(problem(body)),
     }
 }

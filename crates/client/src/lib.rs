@@ -25,6 +25,7 @@ mod background;
 mod client;
 mod error;
 mod fallback;
+mod http;
 mod lease;
 pub mod metrics;
 mod retry;

@@ -1,0 +1,130 @@
+//! One HTTP exchange with the ledger and what it comes to for the retry
+//! loop: an answer (2xx read as the wanted type; 429 a refusal, or a wait for
+//! its `Retry-After`; 503 ask again; anything else definitive), or no answer.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::client::Client;
+use crate::error::Error;
+use crate::retry::Attempt;
+use crate::types::Problem;
+
+/// One HTTP exchange: an answer, or no answer (and whether the request may have been sent).
+pub(crate) enum Exchange {
+    Answer {
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        body: Vec<u8>,
+    },
+    Lost {
+        why: String,
+        maybe_sent: bool,
+    },
+}
+
+impl Client {
+    pub(crate) async fn exchange(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Exchange {
+        let mut request = self
+            .inner
+            .http
+            .request(method, format!("{}{path}", self.inner.base))
+            .timeout(timeout);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                return Exchange::Lost {
+                    why: format!("{e:?}"),
+                    maybe_sent: !e.is_connect(),
+                }
+            }
+        };
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        match response.bytes().await {
+            Ok(body) => Exchange::Answer {
+                status,
+                retry_after,
+                body: body.to_vec(),
+            },
+            Err(e) => Exchange::Lost {
+                why: format!("answer cut off: {e:?}"),
+                maybe_sent: true,
+            },
+        }
+    }
+
+    pub(crate) fn classify<T: serde::de::DeserializeOwned>(
+        &self,
+        exchange: Exchange,
+    ) -> Attempt<T> {
+        match exchange {
+            Exchange::Lost { why, .. } => Attempt::Again { why, after: None },
+            Exchange::Answer { status, body, .. } if status.is_success() => {
+                match serde_json::from_slice(&body) {
+                    Ok(v) => Attempt::Done(v),
+                    Err(e) => Attempt::Fail(Error::Protocol(format!(
+                        "{e}: {}",
+                        String::from_utf8_lossy(&body)
+                    ))),
+                }
+            }
+            Exchange::Answer {
+                status,
+                retry_after,
+                body,
+            } if status == StatusCode::TOO_MANY_REQUESTS => {
+                if self.inner.retry.retry_refusals {
+                    Attempt::Again {
+                        why: format!("429 {}", problem(&body).code()),
+                        after: retry_after,
+                    }
+                } else {
+                    Attempt::Fail(Error::Refused {
+                        problem: Box::new(problem(&body)),
+                        retry_after,
+                    })
+                }
+            }
+            Exchange::Answer {
+                status,
+                retry_after,
+                body,
+            } if status == StatusCode::SERVICE_UNAVAILABLE => Attempt::Again {
+                why: format!("503 {}", problem(&body).code()),
+                after: retry_after,
+            },
+            Exchange::Answer { status, body, .. } => Attempt::Fail(rejected(status, &body)),
+        }
+    }
+}
+
+pub(crate) fn problem(body: &[u8]) -> Problem {
+    serde_json::from_slice(body).unwrap_or_else(|_| Problem {
+        detail: String::from_utf8_lossy(body).into_owned(),
+        ..Problem::default()
+    })
+}
+
+pub(crate) fn rejected(status: StatusCode, body: &[u8]) -> Error {
+    Error::Rejected {
+        status: status.as_u16(),
+        problem: Box::new(problem(body)),
+    }
+}
