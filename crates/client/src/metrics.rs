@@ -36,6 +36,66 @@ pub(crate) fn settled(receipt: &Receipt) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    /// Keeps every histogram value with its key.
+    #[derive(Default)]
+    struct Capture(Arc<Mutex<Vec<(String, f64)>>>);
+
+    struct Values(String, Arc<Mutex<Vec<(String, f64)>>>);
+
+    impl metrics::HistogramFn for Values {
+        fn record(&self, value: f64) {
+            self.1.lock().unwrap().push((self.0.clone(), value));
+        }
+    }
+
+    impl Recorder for Capture {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            let mut labels: Vec<_> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            Histogram::from_arc(Arc::new(Values(name, self.0.clone())))
+        }
+    }
+
+    #[test]
+    fn a_settled_receipt_records_its_efficiency_by_subject_and_route() {
+        let capture = Capture::default();
+        let seen = capture.0.clone();
+        let receipt: crate::Receipt = serde_json::from_value(serde_json::json!({
+            "id": "rl-1", "subject": "t", "route": "chat", "accounting_epoch": "e",
+            "policy_generation": 1, "state": "SETTLED", "reserved_units": 600,
+            "held_units": 0, "actual_units": 450, "expires_at_ms": 5,
+            "log_position": {"log_partition": 0, "offset": 3}
+        }))
+        .unwrap();
+        metrics::with_local_recorder(&capture, || super::settled(&receipt));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(
+                "reservoir_client_reservation_efficiency{route=chat,subject=t}".to_string(),
+                0.75
+            )]
+        );
+    }
+
     #[test]
     fn efficiency_is_settled_over_reserved() {
         // (actual, reserved, efficiency)
