@@ -46,6 +46,7 @@ mod buckets;
 pub mod command;
 pub mod decide;
 pub mod dimension;
+mod effect;
 pub mod event;
 pub mod ledger;
 pub mod partition;
