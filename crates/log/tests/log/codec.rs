@@ -270,7 +270,7 @@ fn avro_fields(record: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn camel(snake: &str) -> String {
+pub(crate) fn camel(snake: &str) -> String {
     let mut out = String::new();
     let mut upper = false;
     for c in snake.chars() {

@@ -178,6 +178,7 @@ fn the_open_reservations_limit_is_a_retryable_429() {
     use reservoir_server::problem::ApiError;
     use reservoir_server::writer::Failure;
     let error = ApiError::from(Failure::Rejected {
+        limits: None,
         rejection: Rejection::OpenReservationsLimit {
             limit: MAX_OPEN_RESERVATIONS_PER_PARTITION,
             retry_after_ms: 180_000,
