@@ -207,6 +207,7 @@ fn usage(rng: &mut Rng, actual_units: u64) -> Option<Usage> {
     let output = actual_units - counted;
     match rng.below(20) {
         0..=13 => Some(Usage {
+            cache_read_input_tokens: None,
             model: Some(model),
             output_tokens: Some(output),
             counted_input_tokens: Some(counted),
@@ -267,6 +268,7 @@ async fn build_log(dir: &Path, target: u64) -> Writer {
                 200 + rng.below(5_800)
             };
             let reserve = Command::Reserve {
+                further_units: Vec::new(),
                 id: id.clone(),
                 digest: digest(n),
                 units,
@@ -297,6 +299,7 @@ async fn build_log(dir: &Path, target: u64) -> Writer {
             at(
                 start + 5 + rng.below(300),
                 Command::Settle {
+                    further_actual_units: Vec::new(),
                     id,
                     operation_id: Some(operation_id),
                     actual_units,

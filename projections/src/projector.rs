@@ -756,6 +756,7 @@ fn derive(
     match &event.body {
         EventBody::PartitionOpened { .. } => proj.opened_at_ms = event.at_ms,
         EventBody::AdmissionRefused {
+            dimension: _,
             id,
             requested_units,
             reason,

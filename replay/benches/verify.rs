@@ -105,6 +105,7 @@ impl Gen {
                     usage: None,
                 },
                 _ if cycle.is_multiple_of(10) => EventBody::AdmissionRefused {
+                    dimension: None,
                     id: ReservationId::new(format!("x-{cycle}")).unwrap(),
                     requested_units: 1 << 45,
                     reason: RefusalReason::RequestTooLarge,
@@ -118,6 +119,7 @@ impl Gen {
         };
         self.step += 1;
         let event = Event {
+            further: Vec::new(),
             sequence,
             at_ms,
             body,

@@ -522,6 +522,7 @@ mod tests {
         ];
         for (i, body) in events.into_iter().enumerate() {
             let event = reservoir_core::Event {
+                further: Vec::new(),
                 sequence: i as u64 + 1,
                 at_ms: 1_000 + i as u64,
                 body,

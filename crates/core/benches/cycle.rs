@@ -50,6 +50,7 @@ fn cycles(pool: usize) -> Vec<[Command; 3]> {
             let operation_id = OperationId::new(format!("op-{i:020}")).unwrap();
             [
                 Command::Reserve {
+                    further_units: Vec::new(),
                     id: id.clone(),
                     digest: RequestDigest([7; 32]),
                     units: 100,
@@ -60,6 +61,7 @@ fn cycles(pool: usize) -> Vec<[Command; 3]> {
                     operation_id: operation_id.clone(),
                 },
                 Command::Settle {
+                    further_actual_units: Vec::new(),
                     id,
                     operation_id: Some(operation_id),
                     actual_units: 60,

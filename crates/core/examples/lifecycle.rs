@@ -15,6 +15,7 @@ fn main() {
         (
             10,
             Command::Reserve {
+                further_units: Vec::new(),
                 id: id("rl-1"),
                 digest: RequestDigest([1; 32]),
                 units: 4_000,
@@ -31,6 +32,7 @@ fn main() {
         (
             30,
             Command::Settle {
+                further_actual_units: Vec::new(),
                 id: id("rl-1"),
                 operation_id: Some(op),
                 actual_units: 1_850,
@@ -40,6 +42,7 @@ fn main() {
         (
             40,
             Command::Reserve {
+                further_units: Vec::new(),
                 id: id("rl-2"),
                 digest: RequestDigest([2; 32]),
                 units: 9_000,
@@ -49,6 +52,7 @@ fn main() {
         (
             50,
             Command::Reserve {
+                further_units: Vec::new(),
                 id: id("rl-1"),
                 digest: RequestDigest([1; 32]),
                 units: 4_000,

@@ -23,6 +23,10 @@ pub enum Command {
         /// `Reserved` event; `sizing.units` must equal `units`).
         #[serde(default)]
         sizing: Option<Sizing>,
+        /// Units in the policy's further dimensions, in policy order (empty
+        /// for a one-dimension policy; `units` is the primary dimension's).
+        #[serde(default)]
+        further_units: Vec<Units>,
     },
     /// RESERVED → STARTED, binding the executor's operation id.
     Start {
@@ -39,6 +43,10 @@ pub enum Command {
         /// `Settled` event, never moved: the ledger uses `actual_units`).
         #[serde(default)]
         usage: Option<Usage>,
+        /// What the call used in the policy's further dimensions, in policy
+        /// order (see [`crate::Policy::used_units`]).
+        #[serde(default)]
+        further_actual_units: Vec<Units>,
     },
     /// Give back an unstarted reservation.
     Release { id: ReservationId },
@@ -73,6 +81,9 @@ pub enum Command {
         move_id: MoveId,
         to: PartitionKey,
         units: Units,
+        /// Units taken in each further dimension (with all of its debt).
+        #[serde(default)]
+        further_units: Vec<Units>,
     },
     /// Second half: receive what the paired `MoveOut` took.
     MoveIn {
@@ -80,6 +91,10 @@ pub enum Command {
         from: PartitionKey,
         units: Units,
         debt_units: Units,
+        /// What the paired `MoveOut` took in each further dimension (all
+        /// [`crate::DimensionAmounts::Moved`]).
+        #[serde(default)]
+        further: Vec<crate::DimensionAmounts>,
     },
 }
 

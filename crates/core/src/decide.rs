@@ -4,10 +4,12 @@
 //! An `Ok(vec![])` answer means "already done": an idempotent retry whose receipt
 //! is the existing record, so the caller answers from state and appends nothing.
 
+use crate::buckets;
 use crate::command::Command;
+use crate::dimension::DimensionAmounts;
 use crate::event::{Event, EventBody, RefusalReason};
 use crate::partition::{
-    ledger_effect, Partition, MAX_MOVES_PER_PARTITION, MAX_SHARDS_PER_PARTITION,
+    dimension_effect, ledger_effect, Partition, MAX_MOVES_PER_PARTITION, MAX_SHARDS_PER_PARTITION,
 };
 use crate::policy::{EmergencyMode, Policy, MAX_UNITS};
 use crate::rejection::{InvalidInput, Rejection, Transition};
@@ -16,7 +18,24 @@ use crate::retention::MAX_OPEN_RESERVATIONS_PER_PARTITION;
 use crate::types::{ReservationId, TimestampMs, Units};
 use crate::usage::Usage;
 
-type Decision = Result<Vec<EventBody>, Rejection>;
+/// An event before it is numbered: its body and its amounts in the policy's
+/// further dimensions (see [`crate::dimension`]).
+struct Fact {
+    body: EventBody,
+    further: Vec<DimensionAmounts>,
+}
+
+impl From<EventBody> for Fact {
+    /// An event that moves nothing in further dimensions.
+    fn from(body: EventBody) -> Fact {
+        Fact {
+            body,
+            further: Vec::new(),
+        }
+    }
+}
+
+type Decision = Result<Vec<Fact>, Rejection>;
 
 /// Decides `command` against `partition` at `now_ms`.
 pub fn decide(
@@ -61,7 +80,7 @@ fn decide_with(
         }
         .into());
     }
-    let bodies = match command {
+    let facts = match command {
         Command::OpenPartition { key, policy } => open(partition, key, policy),
         _ => {
             let policy = partition
@@ -77,18 +96,27 @@ fn decide_with(
     // (where it would crash). `decide` never under-runs a term, so an error here is
     // always an overflow.
     let mut ledger = partition.ledger;
-    for body in &bodies {
-        ledger_effect(&mut ledger, body).map_err(|_| InvalidInput::Overflow)?;
+    let mut further: Vec<_> = partition.further.iter().map(|d| d.ledger).collect();
+    for fact in &facts {
+        ledger_effect(&mut ledger, &fact.body).map_err(|_| InvalidInput::Overflow)?;
+        if further.len() < fact.further.len() {
+            further.resize(fact.further.len(), Default::default()); // opening
+        }
+        for (l, amounts) in further.iter_mut().zip(&fact.further) {
+            dimension_effect(l, &fact.body, amounts).map_err(|_| InvalidInput::Overflow)?;
+        }
     }
     // Both sides of the decision, in the build we ship: a state that was already
     // broken, or events that would break it, crash here rather than reach the log.
     assert_eq!(
-        partition.ledger.check(),
+        partition.check_ledgers(),
         Ok(()),
         "decide called on a partition whose books do not balance"
     );
-    assert_eq!(ledger.check(), Ok(()), "decide produced unbalanced events");
-    stamp(partition, bodies, now_ms)
+    for l in std::iter::once(&ledger).chain(&further) {
+        assert_eq!(l.check(), Ok(()), "decide produced unbalanced events");
+    }
+    stamp(partition, facts, now_ms)
 }
 
 /// The event to log when a reserve was refused for a limit, so refusal patterns
@@ -99,7 +127,16 @@ pub fn refusal_event(
     rejection: &Rejection,
     now_ms: TimestampMs,
 ) -> Option<Event> {
-    let (Command::Reserve { id, units, .. }, true) = (command, partition.is_open()) else {
+    let (
+        Command::Reserve {
+            id,
+            units,
+            further_units,
+            ..
+        },
+        Some(policy),
+    ) = (command, partition.policy.as_ref())
+    else {
         return None;
     };
     let reason = match rejection {
@@ -108,36 +145,59 @@ pub fn refusal_event(
         Rejection::RequestTooLarge { .. } => RefusalReason::RequestTooLarge,
         _ => return None,
     };
+    let dimension = rejection.dimension()?;
+    let requested_units = match policy.dimension_index(dimension)? {
+        0 => *units,
+        i => *further_units.get(i - 1)?,
+    };
     let body = EventBody::AdmissionRefused {
         id: id.clone(),
-        requested_units: *units,
+        requested_units,
         reason,
         retry_after_ms: rejection.retry_after_ms(),
+        dimension: Some(dimension),
     };
-    stamp(partition, vec![body], now_ms.max(partition.last_at_ms))
-        .ok()?
-        .pop()
+    stamp(
+        partition,
+        vec![body.into()],
+        now_ms.max(partition.last_at_ms),
+    )
+    .ok()?
+    .pop()
 }
 
 /// Numbers the events after the partition's last one. A partition whose
 /// sequence would pass `u64::MAX` refuses (`Overflow`) rather than wrap.
 fn stamp(
     partition: &Partition,
-    bodies: Vec<EventBody>,
+    facts: Vec<Fact>,
     now_ms: TimestampMs,
 ) -> Result<Vec<Event>, Rejection> {
     let mut sequence = partition.last_sequence;
-    bodies
+    facts
         .into_iter()
-        .map(|body| {
+        .map(|Fact { body, further }| {
             sequence = sequence.checked_add(1).ok_or(InvalidInput::Overflow)?;
             Ok(Event {
                 sequence,
                 at_ms: now_ms,
                 body,
+                further,
             })
         })
         .collect()
+}
+
+/// Checks that a command gives one amount per further dimension.
+fn check_dimension_count(policy: &Policy, given: usize) -> Result<(), InvalidInput> {
+    let expected = policy.dimension_count();
+    if given + 1 != expected {
+        return Err(InvalidInput::DimensionCount {
+            given: given + 1,
+            expected,
+        });
+    }
+    Ok(())
 }
 
 fn check_units(units: Units) -> Result<(), InvalidInput> {
@@ -167,10 +227,19 @@ fn open(partition: &Partition, key: &crate::types::PartitionKey, policy: &Policy
     match (&partition.key, &partition.policy) {
         (Some(k), Some(p)) if k == key && p == policy => Ok(vec![]),
         (Some(_), _) => Err(Rejection::PartitionExistsWithDifferentPolicy),
-        _ => Ok(vec![EventBody::PartitionOpened {
-            key: key.clone(),
-            policy: policy.clone(),
-            opening_units: policy.opening_units,
+        _ => Ok(vec![Fact {
+            body: EventBody::PartitionOpened {
+                key: key.clone(),
+                policy: policy.clone(),
+                opening_units: policy.opening_units,
+            },
+            further: policy
+                .dimensions
+                .iter()
+                .map(|l| DimensionAmounts::Opened {
+                    opening_units: l.opening_units,
+                })
+                .collect(),
         }]),
     }
 }
@@ -217,9 +286,14 @@ fn decide_open(
             digest,
             units,
             sizing,
+            further_units,
         } => {
             check_units(*units)?;
-            if sizing.is_some_and(|s| s.units != *units) {
+            check_dimension_count(policy, further_units.len())?;
+            for &u in further_units {
+                check_amount(u)?;
+            }
+            if sizing.is_some_and(|s| policy.sized_units(&s) != (*units, further_units.clone())) {
                 return Err(InvalidInput::Policy {
                     field: "sizing.units",
                 }
@@ -245,27 +319,42 @@ fn decide_open(
                     retry_after_ms: policy.hold_ttl_ms,
                 });
             }
-            let refill = pending_refill(partition, policy, now);
-            let (available, debt) = after_refill(partition, refill.as_ref());
-            let verdict = admission(partition, policy, *units, available, debt);
-            let (held_units, shadow) = match (verdict, policy.shadow_mode) {
-                (Ok(()), false) => (*units, None),
-                (Ok(()), true) => (*units, Some(ShadowVerdict::WouldAdmit)),
+            let refill = buckets::pending_refill(partition, policy, now);
+            let after = buckets::after_refill(partition, refill.as_ref());
+            let all_units: Vec<Units> = std::iter::once(*units)
+                .chain(further_units.iter().copied())
+                .collect();
+            let verdict = buckets::admission(policy, &all_units, &after);
+            let (holds, shadow) = match (verdict, policy.shadow_mode) {
+                (Ok(()), false) => (true, None),
+                (Ok(()), true) => (true, Some(ShadowVerdict::WouldAdmit)),
                 (Err(rejection), false) => return Err(rejection),
-                (Err(rejection), true) => (0, Some(shadow_verdict(&rejection))),
+                (Err(rejection), true) => (false, Some(shadow_verdict(&rejection))),
             };
+            // A shadow admission enforcement would have refused holds nothing.
+            let held = |units: Units| if holds { units } else { 0 };
             let expires_at_ms = now
                 .checked_add(policy.hold_ttl_ms)
                 .ok_or(InvalidInput::Overflow)?;
-            let reserved = EventBody::Reserved {
-                id: id.clone(),
-                digest: *digest,
-                reserved_units: *units,
-                held_units,
-                expires_at_ms,
-                shadow,
-                sizing: *sizing,
+            let reserved = Fact {
+                body: EventBody::Reserved {
+                    id: id.clone(),
+                    digest: *digest,
+                    reserved_units: *units,
+                    held_units: held(*units),
+                    expires_at_ms,
+                    shadow,
+                    sizing: *sizing,
+                },
+                further: further_units
+                    .iter()
+                    .map(|&u| DimensionAmounts::Reserved {
+                        reserved_units: u,
+                        held_units: held(u),
+                    })
+                    .collect(),
             };
+            let refill = refill.map(|(body, further)| Fact { body, further });
             Ok(refill.into_iter().chain([reserved]).collect())
         }
         Command::Start { id, operation_id } => {
@@ -285,7 +374,8 @@ fn decide_open(
                     execution_deadline_ms: now
                         .checked_add(policy.hard_execution_limit_ms)
                         .ok_or(InvalidInput::Overflow)?,
-                }]),
+                }
+                .into()]),
                 (None, _) => Err(wrong_state(r, Transition::Start)),
             }
         }
@@ -294,16 +384,14 @@ fn decide_open(
             operation_id,
             actual_units,
             usage,
+            further_actual_units,
         } => {
             if let Some(usage) = usage {
                 usage.validate()?;
             }
-            if *actual_units > MAX_UNITS {
-                return Err(InvalidInput::AbsurdUnits {
-                    units: *actual_units,
-                    limit: MAX_UNITS,
-                }
-                .into());
+            check_dimension_count(policy, further_actual_units.len())?;
+            for &u in std::iter::once(actual_units).chain(further_actual_units) {
+                check_amount(u)?;
             }
             let r = record(records, id)?;
             if let (Some(given), Some(bound)) = (operation_id, &r.operation_id) {
@@ -313,8 +401,13 @@ fn decide_open(
             }
             match r.state {
                 ReservationState::Settled | ReservationState::SettledWithDebt => {
+                    let further_same = r
+                        .further
+                        .iter()
+                        .map(|h| h.actual_units)
+                        .eq(further_actual_units.iter().map(|&u| Some(u)));
                     match r.actual_units {
-                        Some(settled) if settled == *actual_units => Ok(vec![]),
+                        Some(settled) if settled == *actual_units && further_same => Ok(vec![]),
                         settled => Err(Rejection::ExistsWithDifferentActualUnits {
                             id: id.clone(),
                             settled_units: settled.unwrap_or(0),
@@ -325,7 +418,7 @@ fn decide_open(
                     partition,
                     policy,
                     r,
-                    *actual_units,
+                    (*actual_units, further_actual_units),
                     usage,
                     false,
                 )]),
@@ -334,7 +427,7 @@ fn decide_open(
                     partition,
                     policy,
                     r,
-                    *actual_units,
+                    (*actual_units, further_actual_units),
                     usage,
                     true,
                 )]),
@@ -345,10 +438,13 @@ fn decide_open(
             let r = record(records, id)?;
             match r.state {
                 ReservationState::Released => Ok(vec![]),
-                ReservationState::Reserved => Ok(vec![EventBody::Released {
-                    id: id.clone(),
-                    refunded_units: r.held_units,
-                }]),
+                ReservationState::Reserved => Ok(vec![refund(
+                    r,
+                    EventBody::Released {
+                        id: id.clone(),
+                        refunded_units: r.held_units,
+                    },
+                )]),
                 _ => Err(wrong_state(r, Transition::Release)),
             }
         }
@@ -358,20 +454,26 @@ fn decide_open(
                 ReservationState::Expired => Ok(vec![]),
                 // A log cut between ExpiryBegan and Expired (an older writer, a
                 // hand-repaired log) must not leave the hold stuck: finish the expiry.
-                ReservationState::Expiring => Ok(vec![EventBody::Expired {
-                    id: id.clone(),
-                    refunded_units: r.held_units,
-                }]),
+                ReservationState::Expiring => Ok(vec![refund(
+                    r,
+                    EventBody::Expired {
+                        id: id.clone(),
+                        refunded_units: r.held_units,
+                    },
+                )]),
                 ReservationState::Reserved if now < r.expires_at_ms => Err(Rejection::NotYetDue {
                     id: id.clone(),
                     due_at_ms: r.expires_at_ms,
                 }),
                 ReservationState::Reserved => Ok(vec![
-                    EventBody::ExpiryBegan { id: id.clone() },
-                    EventBody::Expired {
-                        id: id.clone(),
-                        refunded_units: r.held_units,
-                    },
+                    EventBody::ExpiryBegan { id: id.clone() }.into(),
+                    refund(
+                        r,
+                        EventBody::Expired {
+                            id: id.clone(),
+                            refunded_units: r.held_units,
+                        },
+                    ),
                 ]),
                 _ => Err(wrong_state(r, Transition::Expire)),
             }
@@ -385,12 +487,15 @@ fn decide_open(
                     due_at_ms: due,
                 }),
                 (ReservationState::Started, _) => {
-                    Ok(vec![EventBody::UsageUnknown { id: id.clone() }])
+                    Ok(vec![EventBody::UsageUnknown { id: id.clone() }.into()])
                 }
                 _ => Err(wrong_state(r, Transition::MarkUsageUnknown)),
             }
         }
-        Command::Refill => Ok(pending_refill(partition, policy, now).into_iter().collect()),
+        Command::Refill => Ok(buckets::pending_refill(partition, policy, now)
+            .map(|(body, further)| Fact { body, further })
+            .into_iter()
+            .collect()),
         Command::IssueShard {
             shard_id,
             units,
@@ -425,10 +530,16 @@ fn decide_open(
                     limit: MAX_SHARDS_PER_PARTITION,
                 });
             }
-            // Shards are carved only while the ledger is healthy: no debt.
-            let debt = partition.debt_units();
+            // Shards are carved only while the ledger is healthy: no debt in
+            // any dimension.
+            let debt = partition
+                .ledgers()
+                .map(|l| l.debt_units().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
             if debt > 0 {
                 return Err(Rejection::DebtOutstanding {
+                    dimension: policy.limit(0).dimension,
                     debt_units: debt,
                     retry_after_ms: None,
                 });
@@ -436,6 +547,7 @@ fn decide_open(
             let available = partition.ledger.available_units;
             if *units > available {
                 return Err(Rejection::InsufficientCapacity {
+                    dimension: policy.limit(0).dimension,
                     requested_units: *units,
                     available_units: available,
                     retry_after_ms: None,
@@ -447,7 +559,8 @@ fn decide_open(
                 gateway_id: gateway_id.clone(),
                 boot_epoch: *boot_epoch,
                 expires_at_ms: *expires_at_ms,
-            }])
+            }
+            .into()])
         }
         Command::RemintShard {
             shard_id,
@@ -483,17 +596,25 @@ fn decide_open(
                 shard_id: shard_id.clone(),
                 source: source.clone(),
                 units,
-            }])
+            }
+            .into()])
         }
         Command::Close => Ok(if partition.closed {
             vec![]
         } else {
-            vec![EventBody::Closed]
+            vec![EventBody::Closed.into()]
         }),
-        Command::MoveOut { move_id, to, units } => {
+        Command::MoveOut {
+            move_id,
+            to,
+            units,
+            further_units,
+        } => {
             to.validate()?;
+            check_dimension_count(policy, further_units.len())?;
             if let Some(m) = partition.moves_out.get(move_id) {
-                return if m.counterpart == *to && m.units == *units {
+                let further_same = moved_units(&m.further).eq(further_units.iter().copied());
+                return if m.counterpart == *to && m.units == *units && further_same {
                     Ok(vec![])
                 } else {
                     Err(Rejection::ExistsWithDifferentFields)
@@ -505,26 +626,32 @@ fn decide_open(
                     limit: MAX_MOVES_PER_PARTITION,
                 });
             }
-            if *units > MAX_UNITS {
-                return Err(InvalidInput::AbsurdUnits {
-                    units: *units,
-                    limit: MAX_UNITS,
+            // A move takes units from `available` and all of the debt, in every dimension.
+            let mut amounts = Vec::with_capacity(further_units.len());
+            for (i, &units) in std::iter::once(units).chain(further_units).enumerate() {
+                check_amount(units)?;
+                let ledger = partition.ledger_of(i);
+                if units > ledger.available_units {
+                    return Err(Rejection::InsufficientCapacity {
+                        dimension: policy.limit(i).dimension,
+                        requested_units: units,
+                        available_units: ledger.available_units,
+                        retry_after_ms: None,
+                    });
                 }
-                .into());
-            }
-            let available = partition.ledger.available_units;
-            if *units > available {
-                return Err(Rejection::InsufficientCapacity {
-                    requested_units: *units,
-                    available_units: available,
-                    retry_after_ms: None,
+                amounts.push(DimensionAmounts::Moved {
+                    units,
+                    debt_units: ledger.debt_units().unwrap_or(0),
                 });
             }
-            Ok(vec![EventBody::MovedOut {
-                move_id: move_id.clone(),
-                to: to.clone(),
-                units: *units,
-                debt_units: partition.debt_units(),
+            Ok(vec![Fact {
+                body: EventBody::MovedOut {
+                    move_id: move_id.clone(),
+                    to: to.clone(),
+                    units: *units,
+                    debt_units: partition.debt_units(),
+                },
+                further: amounts.split_off(1),
             }])
         }
         Command::MoveIn {
@@ -532,11 +659,15 @@ fn decide_open(
             from,
             units,
             debt_units,
+            further,
         } => {
             from.validate()?;
+            check_dimension_count(policy, further.len())?;
             if let Some(m) = partition.moves_in.get(move_id) {
-                let same =
-                    m.counterpart == *from && m.units == *units && m.debt_units == *debt_units;
+                let same = m.counterpart == *from
+                    && m.units == *units
+                    && m.debt_units == *debt_units
+                    && m.further == *further;
                 return if same {
                     Ok(vec![])
                 } else {
@@ -549,56 +680,60 @@ fn decide_open(
                     limit: MAX_MOVES_PER_PARTITION,
                 });
             }
-            for u in [*units, *debt_units] {
-                if u > MAX_UNITS {
-                    return Err(InvalidInput::AbsurdUnits {
-                        units: u,
-                        limit: MAX_UNITS,
+            for amounts in further {
+                let DimensionAmounts::Moved { units, debt_units } = *amounts else {
+                    return Err(InvalidInput::Policy {
+                        field: "move.further",
                     }
                     .into());
-                }
+                };
+                check_amount(units)?;
+                check_amount(debt_units)?;
             }
-            Ok(vec![EventBody::MovedIn {
-                move_id: move_id.clone(),
-                from: from.clone(),
-                units: *units,
-                debt_units: *debt_units,
+            check_amount(*units)?;
+            check_amount(*debt_units)?;
+            Ok(vec![Fact {
+                body: EventBody::MovedIn {
+                    move_id: move_id.clone(),
+                    from: from.clone(),
+                    units: *units,
+                    debt_units: *debt_units,
+                },
+                further: further.clone(),
             }])
         }
     }
 }
 
-/// The enforcement decision for a reserve, in contract order: too large is refused
-/// unconditionally, then debt freezes admission, then capacity.
-fn admission(
-    partition: &Partition,
-    policy: &Policy,
-    units: Units,
-    available: Units,
-    debt: Units,
-) -> Result<(), Rejection> {
-    let max_units = policy.admissible_units();
-    if units > max_units {
-        return Err(Rejection::RequestTooLarge {
-            requested_units: units,
-            max_units,
-        });
+/// The units of moves' further amounts, in order.
+fn moved_units(further: &[DimensionAmounts]) -> impl Iterator<Item = Units> + '_ {
+    further.iter().map(|a| match a {
+        DimensionAmounts::Moved { units, .. } => *units,
+        _ => 0,
+    })
+}
+
+/// A release or expiry: the body's refund, and every further dimension's
+/// held units back to `available`.
+fn refund(r: &Reservation, body: EventBody) -> Fact {
+    Fact {
+        body,
+        further: r
+            .further
+            .iter()
+            .map(|h| DimensionAmounts::Refunded {
+                refunded_units: h.held_units,
+            })
+            .collect(),
     }
-    if debt > 0 {
-        return Err(Rejection::DebtOutstanding {
-            debt_units: debt,
-            retry_after_ms: policy
-                .refill
-                .time_to_credit(debt, partition.refill_remainder),
-        });
-    }
-    if units > available {
-        return Err(Rejection::InsufficientCapacity {
-            requested_units: units,
-            available_units: available,
-            retry_after_ms: policy
-                .refill
-                .time_to_credit(units.saturating_sub(available), partition.refill_remainder),
+}
+
+/// An amount that may be zero but never absurd.
+fn check_amount(units: Units) -> Result<(), InvalidInput> {
+    if units > MAX_UNITS {
+        return Err(InvalidInput::AbsurdUnits {
+            units,
+            limit: MAX_UNITS,
         });
     }
     Ok(())
@@ -619,77 +754,59 @@ fn room_below_burst(partition: &Partition, policy: &Policy) -> Units {
         .saturating_sub(l.available_units.saturating_add(l.reserved_units))
 }
 
-/// The refill earned since the last one, as an event, or `None` if no whole unit
-/// has been earned yet. Debt is repaid first; credit above the burst is dropped.
-fn pending_refill(partition: &Partition, policy: &Policy, now: TimestampMs) -> Option<EventBody> {
-    let credit = policy
-        .refill
-        .credit(partition.refill_anchor_ms, now, partition.refill_remainder);
-    if credit.credit_units == 0 {
-        return None;
-    }
-    let repaid_units = credit.credit_units.min(partition.debt_units());
-    // `repaid_units <= credit_units` (a min): cannot under-run.
-    let left = credit.credit_units.saturating_sub(repaid_units);
-    let room = room_below_burst(partition, policy);
-    let to_available = left.min(room);
-    // A full bucket drops the fractional remainder too: refill restarts from now.
-    let remainder = if to_available < left {
-        0
-    } else {
-        credit.remainder
-    };
-    Some(EventBody::Refilled {
-        // Both parts are at most `credit_units`, so their sum is too.
-        minted_units: repaid_units.saturating_add(to_available),
-        repaid_units,
-        remainder,
-    })
-}
-
-fn after_refill(partition: &Partition, refill: Option<&EventBody>) -> (Units, Units) {
-    let (available, debt) = (partition.ledger.available_units, partition.debt_units());
-    match refill {
-        Some(EventBody::Refilled {
-            minted_units,
-            repaid_units,
-            ..
-        }) => (
-            // A refill never lifts available above the burst, and never
-            // repays more than the debt: both are checked again in `apply`.
-            available.saturating_add(minted_units.saturating_sub(*repaid_units)),
-            debt.saturating_sub(*repaid_units),
-        ),
-        _ => (available, debt),
-    }
-}
-
+/// The settlement of `r` with `actual` used (primary, further), in every dimension.
 fn settle(
     partition: &Partition,
     policy: &Policy,
     r: &Reservation,
-    actual: Units,
+    (actual, further_actual): (Units, &[Units]),
     usage: &Option<Usage>,
     from_usage_unknown: bool,
-) -> EventBody {
-    let held = r.held_units;
-    let (refunded_units, from_available_units, overdraft_units) = if actual <= held {
-        (held - actual, 0, 0)
-    } else {
-        let excess = actual - held;
-        let from_available = excess.min(partition.ledger.available_units);
-        (0, from_available, excess - from_available)
+) -> Fact {
+    let split = |i: usize, held: Units, actual: Units| {
+        let ledger = partition.ledger_of(i);
+        let (refunded_units, from_available_units, overdraft_units) =
+            buckets::settle_split(held, actual, ledger.available_units);
+        DimensionAmounts::Settled {
+            actual_units: actual,
+            refunded_units,
+            from_available_units,
+            overdraft_units,
+            overdraft_limit_breached: buckets::breaches(
+                overdraft_units,
+                ledger.debt_units().unwrap_or(0),
+                policy.limit(i).max_overdraft_units,
+            ),
+        }
     };
-    let debt_after = u128::from(partition.debt_units()) + u128::from(overdraft_units);
-    EventBody::Settled {
-        id: r.id.clone(),
-        actual_units: actual,
+    let further = r
+        .further
+        .iter()
+        .zip(further_actual)
+        .enumerate()
+        .map(|(i, (hold, &actual))| split(i + 1, hold.held_units, actual))
+        .collect();
+    let DimensionAmounts::Settled {
+        actual_units,
         refunded_units,
         from_available_units,
         overdraft_units,
-        overdraft_limit_breached: overdraft_units > 0
-            && debt_after > u128::from(policy.max_overdraft_units),
-        from_usage_unknown,
-        usage: usage.clone(),
+        overdraft_limit_breached,
+    } = split(0, r.held_units, actual)
+    else {
+        unreachable!("split settles");
+    };
+    Fact {
+        body: EventBody::Settled {
+            id: r.id.clone(),
+            actual_units,
+            refunded_units,
+            from_available_units,
+            overdraft_units,
+            overdraft_limit_breached,
+            from_usage_unknown,
+            usage: usage.clone(),
+        },
+        further,
     }
 }

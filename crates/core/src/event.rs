@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::dimension::{Dimension, DimensionAmounts};
 use crate::policy::Policy;
 use crate::reservation::ShadowVerdict;
 use crate::sizing::Sizing;
@@ -20,6 +21,23 @@ pub struct Event {
     /// Writer-assigned time of the command that produced the event.
     pub at_ms: TimestampMs,
     pub body: EventBody,
+    /// The body's amounts in the policy's further dimensions, in policy order
+    /// (see [`crate::dimension`]); empty for an event that moves nothing and
+    /// for every event of a one-dimension policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub further: Vec<DimensionAmounts>,
+}
+
+impl Event {
+    /// An event that moves nothing in further dimensions.
+    pub fn new(sequence: u64, at_ms: TimestampMs, body: EventBody) -> Event {
+        Event {
+            sequence,
+            at_ms,
+            body,
+            further: Vec::new(),
+        }
+    }
 }
 
 /// Why an admission was refused (logged for diagnosis, answered 429).
@@ -63,6 +81,10 @@ pub enum EventBody {
         requested_units: Units,
         reason: RefusalReason,
         retry_after_ms: Option<u64>,
+        /// The limiting dimension `requested_units` counts in (absent in
+        /// records written before dimensions: the primary one).
+        #[serde(default)]
+        dimension: Option<Dimension>,
     },
     Started {
         id: ReservationId,
@@ -126,6 +148,24 @@ pub enum EventBody {
 }
 
 impl EventBody {
+    /// Whether the event moves amounts (in the primary dimension, its own
+    /// fields), so that it carries one [`DimensionAmounts`] per further
+    /// dimension in [`Event::further`]. Shard events move the primary
+    /// dimension only.
+    pub fn moves_amounts(&self) -> bool {
+        matches!(
+            self,
+            EventBody::PartitionOpened { .. }
+                | EventBody::Refilled { .. }
+                | EventBody::Reserved { .. }
+                | EventBody::Settled { .. }
+                | EventBody::Released { .. }
+                | EventBody::Expired { .. }
+                | EventBody::MovedOut { .. }
+                | EventBody::MovedIn { .. }
+        )
+    }
+
     /// Stable name of the event type (record headers, metrics, audit tables).
     pub fn type_name(&self) -> &'static str {
         match self {

@@ -29,9 +29,9 @@
 //! let id = ReservationId::new("rl-01").unwrap();
 //! for (now, cmd) in [
 //!     (0, Command::OpenPartition { key, policy }),
-//!     (1, Command::Reserve { id: id.clone(), digest: RequestDigest([7; 32]), units: 600, sizing: None }),
+//!     (1, Command::Reserve { id: id.clone(), digest: RequestDigest([7; 32]), units: 600, sizing: None, further_units: vec![] }),
 //!     (2, Command::Start { id: id.clone(), operation_id: OperationId::new("op-1").unwrap() }),
-//!     (3, Command::Settle { id: id.clone(), operation_id: None, actual_units: 200, usage: None }),
+//!     (3, Command::Settle { id: id.clone(), operation_id: None, actual_units: 200, usage: None, further_actual_units: vec![] }),
 //! ] {
 //!     for event in decide(&p, &cmd, now).unwrap() {
 //!         apply(&mut p, &event);
@@ -42,8 +42,11 @@
 //! p.check_invariants().unwrap();
 //! ```
 
+mod buckets;
 pub mod command;
 pub mod decide;
+pub mod dimension;
+mod effect;
 pub mod event;
 pub mod ledger;
 pub mod partition;
@@ -58,6 +61,7 @@ pub mod usage;
 
 pub use command::Command;
 pub use decide::{decide, decide_retired, refusal_event};
+pub use dimension::{Dimension, DimensionAmounts, DimensionHold, DimensionLimit, DimensionState};
 pub use event::{Event, EventBody, RefusalReason};
 pub use ledger::{check_moves, ConservationError, Ledger, MoveHalf, ShardLedger, Side, Term};
 pub use partition::{apply, apply_evicting, try_apply, try_apply_evicting, ApplyError, Partition};

@@ -13,6 +13,9 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::dimension::{DimensionAmounts, DimensionHold, DimensionState};
+use crate::effect::{check_refill_burst, next_further};
+pub use crate::effect::{dimension_effect, ledger_effect, primary_amounts};
 use crate::event::{Event, EventBody};
 use crate::ledger::{ConservationError, Ledger};
 use crate::policy::Policy;
@@ -47,6 +50,9 @@ pub struct Move {
     pub counterpart: PartitionKey,
     pub units: Units,
     pub debt_units: Units,
+    /// What moved in each further dimension (all `DimensionAmounts::Moved`).
+    #[serde(default)]
+    pub further: Vec<DimensionAmounts>,
 }
 
 /// State of one ledger partition. `Default` is the partition before it was opened.
@@ -76,6 +82,10 @@ pub struct Partition {
     pub shards_reminted: BTreeMap<ShardId, RemintedShard>,
     pub moves_out: BTreeMap<MoveId, Move>,
     pub moves_in: BTreeMap<MoveId, Move>,
+    /// The policy's further dimensions, in policy order (see
+    /// [`crate::dimension`]); `ledger` and `refill_remainder` are the primary's.
+    #[serde(default)]
+    pub further: Vec<DimensionState>,
 }
 
 /// An event that cannot be applied to this state: live, a bug; in replay, a
@@ -108,10 +118,10 @@ pub enum ApplyError {
     Conservation(#[from] ConservationError),
 }
 
-fn add(a: Units, b: Units) -> Result<Units, ApplyError> {
+pub(crate) fn add(a: Units, b: Units) -> Result<Units, ApplyError> {
     a.checked_add(b).ok_or(ApplyError::Arithmetic)
 }
-fn sub(a: Units, b: Units) -> Result<Units, ApplyError> {
+pub(crate) fn sub(a: Units, b: Units) -> Result<Units, ApplyError> {
     a.checked_sub(b).ok_or(ApplyError::Arithmetic)
 }
 
@@ -147,6 +157,7 @@ impl Partition {
             shards_reminted,
             moves_out,
             moves_in,
+            further,
         } = self;
         Partition {
             key: key.clone(),
@@ -166,12 +177,32 @@ impl Partition {
             shards_reminted: shards_reminted.clone(),
             moves_out: moves_out.clone(),
             moves_in: moves_in.clone(),
+            further: further.clone(),
         }
     }
 
-    /// Outstanding debt (0 for a consistent ledger that has none).
+    /// Outstanding debt in the primary dimension (0 for a consistent ledger
+    /// that has none).
     pub fn debt_units(&self) -> Units {
         self.ledger.debt_units().unwrap_or(0)
+    }
+
+    /// The ledger of dimension `i` (0 = primary). Panics past the last.
+    pub fn ledger_of(&self, i: usize) -> &Ledger {
+        match i {
+            0 => &self.ledger,
+            i => &self.further[i - 1].ledger,
+        }
+    }
+
+    /// Every dimension's ledger, primary first.
+    pub fn ledgers(&self) -> impl Iterator<Item = &Ledger> {
+        std::iter::once(&self.ledger).chain(self.further.iter().map(|d| &d.ledger))
+    }
+
+    /// Conservation in every dimension (O(1) per dimension).
+    pub fn check_ledgers(&self) -> Result<(), ConservationError> {
+        self.ledgers().try_for_each(Ledger::check)
     }
 
     /// Full invariant check, including the O(n) sum over open reservations.
@@ -180,7 +211,7 @@ impl Partition {
     /// Panics if the record bookkeeping is broken (an open count or a finished
     /// queue that does not match the records): a bug, never an input error.
     pub fn check_invariants(&self) -> Result<(), ConservationError> {
-        self.ledger.check()?;
+        self.check_ledgers()?;
         let open = self
             .reservations
             .values()
@@ -209,6 +240,20 @@ impl Partition {
                 ledger: self.ledger.reserved_units,
                 records: held,
             });
+        }
+        for (i, dimension) in self.further.iter().enumerate() {
+            let held: u128 = self
+                .reservations
+                .values()
+                .filter(|r| r.state.holds_capacity())
+                .map(|r| u128::from(r.further[i].held_units))
+                .sum();
+            if held != u128::from(dimension.ledger.reserved_units) {
+                return Err(ConservationError::ReservedMismatch {
+                    ledger: dimension.ledger.reserved_units,
+                    records: held,
+                });
+            }
         }
         Ok(())
     }
@@ -243,7 +288,7 @@ pub fn apply_evicting(partition: &mut Partition, event: &Event, evicted: &mut Ve
     // of the write, in the build we ship (O(1): the O(n) sum over open
     // reservations is `check_invariants`, which tests run after every event).
     assert_eq!(
-        partition.ledger.check(),
+        partition.check_ledgers(),
         Ok(()),
         "books unbalanced after sequence {}",
         event.sequence
@@ -291,11 +336,12 @@ pub fn try_apply_evicting(
         return Err(ApplyError::NotOpen);
     }
     let body = &event.body;
+    let further = next_further(p, event)?;
     let ledger = if let EventBody::Reserved { id, .. } = body {
         let Entry::Vacant(slot) = p.reservations.entry(id.clone()) else {
             return Err(ApplyError::DuplicateReservation(id.clone()));
         };
-        let record = new_record(body, event.at_ms)?;
+        let record = new_record(body, &event.further, event.at_ms)?;
         let ledger = next_ledger(&p.ledger, p.policy.as_ref(), body)?;
         let open = p
             .open_reservations
@@ -309,7 +355,7 @@ pub fn try_apply_evicting(
             .reservations
             .get_mut(id)
             .ok_or_else(|| ApplyError::UnknownReservation(id.clone()))?;
-        let to = check_move(r, body)?;
+        let to = check_move(r, body, &event.further)?;
         let ledger = next_ledger(&p.ledger, p.policy.as_ref(), body)?;
         let open = if to.is_terminal() {
             // An open record is moving to a terminal state, so the count is >= 1.
@@ -319,7 +365,7 @@ pub fn try_apply_evicting(
         } else {
             p.open_reservations
         };
-        move_record(r, body, to, event.at_ms);
+        move_record(r, body, &event.further, to, event.at_ms);
         p.open_reservations = open;
         if to.is_terminal() {
             p.finished.push_back((event.at_ms, id.clone()));
@@ -332,6 +378,9 @@ pub fn try_apply_evicting(
         ledger
     };
     p.ledger = ledger;
+    if let Some(further) = further {
+        p.further = further;
+    }
     p.last_sequence = event.sequence;
     p.last_at_ms = event.at_ms;
     crate::retention::evict_due(p, event.at_ms, evicted);
@@ -356,22 +405,15 @@ fn next_ledger(
         Some(policy),
     ) = (body, policy)
     {
-        // Refill credit above the burst is dropped, never minted: a refill that put
-        // anything into `available` must leave `available + reserved <= burst`.
-        let bucket = u128::from(l.available_units) + u128::from(l.reserved_units);
-        if minted_units > repaid_units && bucket > u128::from(policy.burst_units) {
-            return Err(ApplyError::Inconsistent(
-                "a refill lifted available + reserved above the burst",
-            ));
-        }
+        check_refill_burst(&l, *minted_units, *repaid_units, policy.burst_units)?;
     }
     l.check()?;
     Ok(l)
 }
 
 /// The state a settlement ends in.
-fn settled_state(overdraft_units: Units) -> ReservationState {
-    if overdraft_units > 0 {
+fn settled_state(with_debt: bool) -> ReservationState {
+    if with_debt {
         ReservationState::SettledWithDebt
     } else {
         ReservationState::Settled
@@ -380,7 +422,7 @@ fn settled_state(overdraft_units: Units) -> ReservationState {
 
 /// The units a settlement releases from `reserved`, as the event states them:
 /// `held = actual + refunded − from_available − overdraft`.
-fn settled_held_units(
+pub(crate) fn settled_held_units(
     actual_units: Units,
     refunded_units: Units,
     from_available_units: Units,
@@ -406,7 +448,11 @@ fn moved_reservation(body: &EventBody) -> Option<&ReservationId> {
 }
 
 /// The record a `Reserved` event creates, after checking its amounts agree.
-fn new_record(body: &EventBody, at: TimestampMs) -> Result<Reservation, ApplyError> {
+fn new_record(
+    body: &EventBody,
+    further: &[DimensionAmounts],
+    at: TimestampMs,
+) -> Result<Reservation, ApplyError> {
     let EventBody::Reserved {
         id,
         digest,
@@ -419,11 +465,29 @@ fn new_record(body: &EventBody, at: TimestampMs) -> Result<Reservation, ApplyErr
     else {
         unreachable!("called for Reserved only");
     };
-    if held_units > reserved_units || (shadow.is_none() && held_units != reserved_units) {
-        return Err(ApplyError::Inconsistent(
-            "held units differ from reserved units outside shadow mode",
-        ));
-    }
+    let holds = |reserved: Units, held: Units| {
+        if held > reserved || (shadow.is_none() && held != reserved) {
+            return Err(ApplyError::Inconsistent(
+                "held units differ from reserved units outside shadow mode",
+            ));
+        }
+        Ok(DimensionHold {
+            reserved_units: reserved,
+            held_units: held,
+            ..DimensionHold::default()
+        })
+    };
+    holds(*reserved_units, *held_units)?;
+    let further = further
+        .iter()
+        .map(|a| match a {
+            DimensionAmounts::Reserved {
+                reserved_units,
+                held_units,
+            } => holds(*reserved_units, *held_units),
+            _ => unreachable!("shape checked by next_further"),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Reservation {
         id: id.clone(),
         digest: *digest,
@@ -440,17 +504,27 @@ fn new_record(body: &EventBody, at: TimestampMs) -> Result<Reservation, ApplyErr
         finished_at_ms: None,
         shadow: *shadow,
         sizing: *sizing,
+        further,
     })
 }
 
 /// Checks that `body` moves `r` along an allowed edge with amounts matching the
 /// record, and returns the state it moves to.
-fn check_move(r: &Reservation, body: &EventBody) -> Result<ReservationState, ApplyError> {
+fn check_move(
+    r: &Reservation,
+    body: &EventBody,
+    further: &[DimensionAmounts],
+) -> Result<ReservationState, ApplyError> {
     let to = match body {
         EventBody::Started { .. } => ReservationState::Started,
         EventBody::Settled {
             overdraft_units, ..
-        } => settled_state(*overdraft_units),
+        } => {
+            let further_overdraft = further.iter().any(|a| {
+                matches!(a, DimensionAmounts::Settled { overdraft_units, .. } if *overdraft_units > 0)
+            });
+            settled_state(*overdraft_units > 0 || further_overdraft)
+        }
         EventBody::Released { .. } => ReservationState::Released,
         EventBody::Expired { .. } => ReservationState::Expired,
         EventBody::ExpiryBegan { .. } => ReservationState::Expiring,
@@ -479,33 +553,82 @@ fn check_move(r: &Reservation, body: &EventBody) -> Result<ReservationState, App
                     "from_usage_unknown does not match the record",
                 ));
             }
-            let held = settled_held_units(
+            check_settled(
+                r.held_units,
                 *actual_units,
                 *refunded_units,
                 *from_available_units,
                 *overdraft_units,
-            );
-            let refund_and_excess =
-                *refunded_units > 0 && (*from_available_units > 0 || *overdraft_units > 0);
-            if held != Ok(r.held_units) || refund_and_excess {
-                return Err(ApplyError::Inconsistent(
-                    "actual != held - refunded + from_available + overdraft",
-                ));
+            )?;
+            for (hold, amounts) in r.further.iter().zip(further) {
+                let DimensionAmounts::Settled {
+                    actual_units,
+                    refunded_units,
+                    from_available_units,
+                    overdraft_units,
+                    ..
+                } = amounts
+                else {
+                    unreachable!("shape checked by next_further");
+                };
+                check_settled(
+                    hold.held_units,
+                    *actual_units,
+                    *refunded_units,
+                    *from_available_units,
+                    *overdraft_units,
+                )?;
             }
         }
-        EventBody::Released { refunded_units, .. } | EventBody::Expired { refunded_units, .. }
-            if *refunded_units != r.held_units =>
-        {
-            return Err(ApplyError::Inconsistent(
-                "a release or expiry refunds exactly the held units",
-            ));
+        EventBody::Released { refunded_units, .. } | EventBody::Expired { refunded_units, .. } => {
+            let refunds = further.iter().map(|a| match a {
+                DimensionAmounts::Refunded { refunded_units } => *refunded_units,
+                _ => unreachable!("shape checked by next_further"),
+            });
+            let all_held = std::iter::once(*refunded_units)
+                .chain(refunds)
+                .eq(std::iter::once(r.held_units).chain(r.further.iter().map(|h| h.held_units)));
+            if !all_held {
+                return Err(ApplyError::Inconsistent(
+                    "a release or expiry refunds exactly the held units",
+                ));
+            }
         }
         _ => {}
     }
     Ok(to)
 }
 
-fn move_record(r: &mut Reservation, body: &EventBody, to: ReservationState, at: TimestampMs) {
+/// A settlement's amounts against the units its record held, in one dimension.
+fn check_settled(
+    held_units: Units,
+    actual_units: Units,
+    refunded_units: Units,
+    from_available_units: Units,
+    overdraft_units: Units,
+) -> Result<(), ApplyError> {
+    let held = settled_held_units(
+        actual_units,
+        refunded_units,
+        from_available_units,
+        overdraft_units,
+    );
+    let refund_and_excess = refunded_units > 0 && (from_available_units > 0 || overdraft_units > 0);
+    if held != Ok(held_units) || refund_and_excess {
+        return Err(ApplyError::Inconsistent(
+            "actual != held - refunded + from_available + overdraft",
+        ));
+    }
+    Ok(())
+}
+
+fn move_record(
+    r: &mut Reservation,
+    body: &EventBody,
+    further: &[DimensionAmounts],
+    to: ReservationState,
+    at: TimestampMs,
+) {
     r.state = to;
     match body {
         EventBody::Started {
@@ -525,6 +648,17 @@ fn move_record(r: &mut Reservation, body: &EventBody, to: ReservationState, at: 
             r.actual_units = Some(*actual_units);
             r.overdraft_units = *overdraft_units;
             r.finished_at_ms = Some(at);
+            for (hold, amounts) in r.further.iter_mut().zip(further) {
+                if let DimensionAmounts::Settled {
+                    actual_units,
+                    overdraft_units,
+                    ..
+                } = amounts
+                {
+                    hold.actual_units = Some(*actual_units);
+                    hold.overdraft_units = *overdraft_units;
+                }
+            }
         }
         EventBody::Released { .. } | EventBody::Expired { .. } => r.finished_at_ms = Some(at),
         _ => {}
@@ -562,85 +696,6 @@ fn check_other(p: &Partition, body: &EventBody) -> Result<(), ApplyError> {
             return Err(ApplyError::Inconsistent("move in recorded twice"));
         }
         _ => {}
-    }
-    Ok(())
-}
-
-/// What `body` does to the ledger terms, from the amounts written in it alone.
-/// Every step is checked: a term that would overflow or go below zero is an error.
-/// `decide` runs it too, so an amount that would overflow is refused as a command
-/// instead of reaching `apply`.
-pub fn ledger_effect(l: &mut Ledger, body: &EventBody) -> Result<(), ApplyError> {
-    match body {
-        EventBody::PartitionOpened { opening_units, .. } => {
-            l.opening_units = *opening_units;
-            l.available_units = *opening_units;
-        }
-        EventBody::Refilled {
-            minted_units,
-            repaid_units,
-            ..
-        } => {
-            l.minted_units = add(l.minted_units, *minted_units)?;
-            l.overdraft_repaid_units = add(l.overdraft_repaid_units, *repaid_units)?;
-            l.available_units = add(l.available_units, sub(*minted_units, *repaid_units)?)?;
-        }
-        EventBody::Reserved { held_units, .. } => {
-            l.available_units = sub(l.available_units, *held_units)?;
-            l.reserved_units = add(l.reserved_units, *held_units)?;
-        }
-        EventBody::Settled {
-            actual_units,
-            refunded_units,
-            from_available_units,
-            overdraft_units,
-            ..
-        } => {
-            let held = settled_held_units(
-                *actual_units,
-                *refunded_units,
-                *from_available_units,
-                *overdraft_units,
-            )?;
-            l.reserved_units = sub(l.reserved_units, held)?;
-            l.available_units = sub(
-                add(l.available_units, *refunded_units)?,
-                *from_available_units,
-            )?;
-            l.spent_units = add(l.spent_units, *actual_units)?;
-            l.overdraft_issued_units = add(l.overdraft_issued_units, *overdraft_units)?;
-        }
-        EventBody::Released { refunded_units, .. } | EventBody::Expired { refunded_units, .. } => {
-            l.reserved_units = sub(l.reserved_units, *refunded_units)?;
-            l.available_units = add(l.available_units, *refunded_units)?;
-        }
-        EventBody::ShardIssued { units, .. } => {
-            l.available_units = sub(l.available_units, *units)?;
-            l.retired_for_emergency_units = add(l.retired_for_emergency_units, *units)?;
-        }
-        EventBody::ShardReminted { units, .. } => {
-            l.reminted_units = add(l.reminted_units, *units)?;
-            l.available_units = add(l.available_units, *units)?;
-        }
-        EventBody::MovedOut {
-            units, debt_units, ..
-        } => {
-            l.available_units = sub(l.available_units, *units)?;
-            l.moved_out_units = add(l.moved_out_units, *units)?;
-            l.debt_moved_out_units = add(l.debt_moved_out_units, *debt_units)?;
-        }
-        EventBody::MovedIn {
-            units, debt_units, ..
-        } => {
-            l.available_units = add(l.available_units, *units)?;
-            l.moved_in_units = add(l.moved_in_units, *units)?;
-            l.debt_moved_in_units = add(l.debt_moved_in_units, *debt_units)?;
-        }
-        EventBody::AdmissionRefused { .. }
-        | EventBody::Started { .. }
-        | EventBody::ExpiryBegan { .. }
-        | EventBody::UsageUnknown { .. }
-        | EventBody::Closed => {}
     }
     Ok(())
 }
@@ -696,6 +751,7 @@ fn commit_other(p: &mut Partition, event: &Event) {
                 counterpart: to.clone(),
                 units: *units,
                 debt_units: *debt_units,
+                further: event.further.clone(),
             };
             p.moves_out.insert(move_id.clone(), m);
         }
@@ -709,6 +765,7 @@ fn commit_other(p: &mut Partition, event: &Event) {
                 counterpart: from.clone(),
                 units: *units,
                 debt_units: *debt_units,
+                further: event.further.clone(),
             };
             p.moves_in.insert(move_id.clone(), m);
         }

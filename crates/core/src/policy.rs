@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::dimension::{DimensionLimit, MAX_FURTHER_DIMENSIONS};
 use crate::rejection::InvalidInput;
 use crate::types::{TimestampMs, Units};
 
@@ -108,6 +109,15 @@ pub struct Policy {
     /// the default (10 minutes).
     #[serde(default = "default_idempotency_window_ms")]
     pub idempotency_window_ms: u64,
+    /// Further dimensions limited beside the primary one (`capacity_unit` and
+    /// the fields above), each with its own bucket; see [`crate::dimension`].
+    /// Empty for a one-dimension policy (and every policy written before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dimensions: Vec<DimensionLimit>,
+    /// Whether cache-read input tokens are left out of the input dimensions at
+    /// settle (providers differ; by default they count).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclude_cache_read_input_tokens: bool,
 }
 
 fn default_idempotency_window_ms() -> u64 {
@@ -154,6 +164,20 @@ impl Policy {
         if self.idempotency_window_ms == 0 || self.idempotency_window_ms > MAX_SPAN_MS {
             return bad("idempotency_window_ms");
         }
+        if self.dimensions.len() > MAX_FURTHER_DIMENSIONS {
+            return bad("dimensions");
+        }
+        for (i, limit) in self.dimensions.iter().enumerate() {
+            limit.validate()?;
+            // Each dimension once: the primary and every further one differ.
+            if self
+                .limits()
+                .take(i + 1)
+                .any(|l| l.dimension == limit.dimension)
+            {
+                return bad("dimensions[].dimension");
+            }
+        }
         Ok(())
     }
 
@@ -181,6 +205,39 @@ impl Policy {
             shadow_mode: false,
             generation,
             idempotency_window_ms: crate::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS,
+            dimensions: Vec::new(),
+            exclude_cache_read_input_tokens: false,
+        }
+    }
+
+    /// [`Policy::example`] limiting three dimensions as model providers do:
+    /// 60 requests a minute (primary), 100,000 input tokens and 20,000 output
+    /// tokens a minute, each bucket opening full.
+    pub fn example_three_dimensions(subject: &str, route: &str, generation: u64) -> Policy {
+        let per_minute = |units| RefillRule {
+            units,
+            interval_ms: 60_000,
+        };
+        let limit = |dimension, units: Units| DimensionLimit {
+            dimension,
+            refill: per_minute(units),
+            burst_units: units,
+            opening_units: units,
+            max_reservation_units: units,
+            max_overdraft_units: units / 2,
+        };
+        Policy {
+            capacity_unit: CapacityUnit::Requests,
+            refill: per_minute(60),
+            burst_units: 60,
+            opening_units: 60,
+            max_reservation_units: 1,
+            max_overdraft_units: 0,
+            dimensions: vec![
+                limit(crate::Dimension::InputTokens, 100_000),
+                limit(crate::Dimension::OutputTokens, 20_000),
+            ],
+            ..Policy::example(subject, route, generation)
         }
     }
 

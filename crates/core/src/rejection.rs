@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::dimension::Dimension;
 use crate::reservation::ReservationState;
 use crate::types::{ReservationId, Units};
 
@@ -24,6 +25,10 @@ pub enum InvalidInput {
     TimeWentBackwards { now_ms: u64, last_ms: u64 },
     #[error("invalid policy field `{field}`")]
     Policy { field: &'static str },
+    #[error("the settle's usage does not say what was used in the {dimension} dimension")]
+    UsageMissing { dimension: Dimension },
+    #[error("{given} amounts given for a policy of {expected} dimensions")]
+    DimensionCount { given: usize, expected: usize },
     #[error("command addressed to partition {found}, this partition is {expected}")]
     WrongPartition { expected: String, found: String },
 }
@@ -42,22 +47,27 @@ pub enum Transition {
 /// A domain refusal. `code()` is stable and becomes the problem+json `type`.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum Rejection {
-    #[error("insufficient capacity: {requested_units} requested, {available_units} available")]
+    #[error("insufficient capacity in {dimension}: {requested_units} requested, {available_units} available")]
     InsufficientCapacity {
+        /// The limiting dimension: of the refusing ones, the one that frees last.
+        dimension: Dimension,
         requested_units: Units,
         available_units: Units,
         /// Conservative time until refill alone covers the shortfall; `None` if never.
         retry_after_ms: Option<u64>,
     },
     #[error(
-        "request too large: {requested_units} units, at most {max_units} can ever be admitted"
+        "request too large in {dimension}: {requested_units} units, at most {max_units} can ever be admitted"
     )]
     RequestTooLarge {
+        dimension: Dimension,
         requested_units: Units,
         max_units: Units,
     },
-    #[error("admission suspended: {debt_units} units of debt outstanding")]
+    #[error("admission suspended: {debt_units} units of debt outstanding in {dimension}")]
     DebtOutstanding {
+        /// The owing dimension that is repaid last.
+        dimension: Dimension,
         debt_units: Units,
         retry_after_ms: Option<u64>,
     },
@@ -144,6 +154,16 @@ impl Rejection {
                 | Rejection::DebtOutstanding { .. }
                 | Rejection::RequestTooLarge { .. }
         )
+    }
+
+    /// The dimension a limit refusal names.
+    pub fn dimension(&self) -> Option<Dimension> {
+        match self {
+            Rejection::InsufficientCapacity { dimension, .. }
+            | Rejection::RequestTooLarge { dimension, .. }
+            | Rejection::DebtOutstanding { dimension, .. } => Some(*dimension),
+            _ => None,
+        }
     }
 
     /// Retry hint for limit refusals.

@@ -106,4 +106,15 @@ pub struct Reservation {
     /// `Reserved` event; absent in state written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sizing: Option<crate::Sizing>,
+    /// The amounts in the policy's further dimensions, in policy order (the
+    /// fields above are the primary dimension's); empty for one dimension.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub further: Vec<crate::DimensionHold>,
+}
+
+impl Reservation {
+    /// Whether the settlement left debt in any dimension.
+    pub fn settled_with_debt(&self) -> bool {
+        self.overdraft_units > 0 || self.further.iter().any(|d| d.overdraft_units > 0)
+    }
 }

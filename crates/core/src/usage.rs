@@ -19,8 +19,15 @@ pub struct Usage {
     pub output_tokens: Option<Units>,
     /// Input tokens the gateway counted before the call.
     pub counted_input_tokens: Option<Units>,
-    /// Input tokens the provider reported (what it bills).
+    /// Input tokens the provider reported (what it bills), cache reads not
+    /// included (Anthropic's `input_tokens`; OpenAI's `prompt_tokens` minus
+    /// `cached_tokens`).
     pub reported_input_tokens: Option<Units>,
+    /// Input tokens the provider read from its prompt cache (Anthropic's
+    /// `cache_read_input_tokens`, OpenAI's `cached_tokens`). Counted in the
+    /// input dimensions unless the policy excludes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<Units>,
 }
 
 impl Usage {
@@ -33,6 +40,7 @@ impl Usage {
             self.output_tokens,
             self.counted_input_tokens,
             self.reported_input_tokens,
+            self.cache_read_input_tokens,
         ]
         .into_iter()
         .flatten()

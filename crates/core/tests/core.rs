@@ -10,6 +10,8 @@
 #[path = "core/harness.rs"]
 mod harness;
 
+#[path = "core/dimensions.rs"]
+mod dimensions;
 #[path = "core/idempotency.rs"]
 mod idempotency;
 #[path = "core/invalid.rs"]

@@ -66,6 +66,7 @@ fn records(claim: &Claim, count: usize, first_sequence: u64) -> Vec<Record> {
                 writer_id: claim.writer_id.clone(),
                 claim_epoch: claim.epoch,
                 events: vec![reservoir_core::Event {
+                    further: Vec::new(),
                     sequence,
                     at_ms: 1_784_469_600_000 + sequence,
                     body: reservoir_core::EventBody::Reserved {

@@ -14,9 +14,9 @@
 //! require the same answer.
 
 use reservoir_core::{
-    CapacityUnit, EmergencyMode, Event, EventBody, MoveId, OperationId, PartitionKey, Policy,
-    RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing,
-    SizingRule, Usage,
+    CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, Event, EventBody,
+    MoveId, OperationId, PartitionKey, Policy, RefillRule, RefusalReason, RequestDigest,
+    ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
 };
 
 use crate::codec::{self, CLAIM_ID, ENVELOPE_ID, MAGIC_BYTE};
@@ -195,10 +195,76 @@ impl Reader<'_> {
             return None;
         }
         let body = self.body()?;
+        let further = self.array(Self::amounts)?;
         Some(Event {
             sequence,
             at_ms,
             body,
+            further,
+        })
+    }
+
+    /// An array as the encoder writes it: no block, or one block of `n > 0`
+    /// items then the empty one. Any other block layout (valid Avro, but not
+    /// ours) goes to the canonical decoder.
+    fn array<T>(&mut self, item: fn(&mut Self) -> Option<T>) -> Option<Vec<T>> {
+        let n = self.long()?;
+        if n == 0 {
+            return Some(Vec::new());
+        }
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= codec::MAX_EVENTS_PER_RECORD)?;
+        let items = (0..n).map(|_| item(self)).collect::<Option<Vec<T>>>()?;
+        (self.long()? == 0).then_some(items)
+    }
+
+    fn amounts(&mut self) -> Option<DimensionAmounts> {
+        Some(match self.index(6)? {
+            0 => DimensionAmounts::Opened {
+                opening_units: self.u64()?,
+            },
+            1 => DimensionAmounts::Refilled {
+                minted_units: self.u64()?,
+                repaid_units: self.u64()?,
+                remainder: self.u64()?,
+            },
+            2 => DimensionAmounts::Reserved {
+                reserved_units: self.u64()?,
+                held_units: self.u64()?,
+            },
+            3 => DimensionAmounts::Settled {
+                actual_units: self.u64()?,
+                refunded_units: self.u64()?,
+                from_available_units: self.u64()?,
+                overdraft_units: self.u64()?,
+                overdraft_limit_breached: self.boolean()?,
+            },
+            4 => DimensionAmounts::Refunded {
+                refunded_units: self.u64()?,
+            },
+            _ => DimensionAmounts::Moved {
+                units: self.u64()?,
+                debt_units: self.u64()?,
+            },
+        })
+    }
+
+    fn dimension(&mut self) -> Option<Dimension> {
+        Dimension::from_name(self.str()?)
+    }
+
+    fn dimension_limit(&mut self) -> Option<DimensionLimit> {
+        Some(DimensionLimit {
+            dimension: self.dimension()?,
+            refill: RefillRule {
+                units: self.u64()?,
+                interval_ms: self.u64()?,
+            },
+            burst_units: self.u64()?,
+            opening_units: self.u64()?,
+            max_reservation_units: self.u64()?,
+            max_overdraft_units: self.u64()?,
         })
     }
 
@@ -212,6 +278,7 @@ impl Reader<'_> {
             output_tokens: self.opt_u64()?,
             counted_input_tokens: self.opt_u64()?,
             reported_input_tokens: self.opt_u64()?,
+            cache_read_input_tokens: self.opt_u64()?,
         };
         usage.validate().ok()?;
         Some(usage)
@@ -278,6 +345,10 @@ impl Reader<'_> {
                 retry_after_ms: match self.index(2)? {
                     0 => None,
                     _ => Some(self.u64()?),
+                },
+                dimension: match self.index(2)? {
+                    0 => None,
+                    _ => Some(self.dimension()?),
                 },
             },
             4 => EventBody::Started {
@@ -368,6 +439,8 @@ impl Reader<'_> {
             shadow_mode: self.boolean()?,
             generation: self.u64()?,
             idempotency_window_ms: self.u64()?,
+            dimensions: self.array(Self::dimension_limit)?,
+            exclude_cache_read_input_tokens: self.boolean()?,
         })
     }
 }

@@ -182,7 +182,11 @@ pub struct StartBody {
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettleBody {
-    pub actual_units: u64,
+    /// Units used in the primary dimension. Absent: derived from `usage` (as
+    /// every further dimension's are): requests 1, input the reported input
+    /// (plus cache reads unless the policy excludes them), output the
+    /// reported output, tokens their sum.
+    pub actual_units: Option<u64>,
     /// Required to resolve USAGE_UNKNOWN (the operation receipt); else optional.
     pub operation_id: Option<String>,
     /// What the call used, as counted and reported. Recorded in the `Settled`
@@ -202,13 +206,17 @@ pub struct UsageBody {
     pub output_tokens: Option<u64>,
     /// Input tokens the gateway counted before the call.
     pub counted_input_tokens: Option<u64>,
-    /// Input tokens the provider reported.
+    /// Input tokens the provider reported (cache reads not included).
     pub reported_input_tokens: Option<u64>,
+    /// Input tokens the provider read from its prompt cache.
+    #[serde(default)]
+    pub cache_read_input_tokens: Option<u64>,
 }
 
 impl From<UsageBody> for reservoir_core::Usage {
     fn from(u: UsageBody) -> Self {
         reservoir_core::Usage {
+            cache_read_input_tokens: u.cache_read_input_tokens,
             model: u.model,
             output_tokens: u.output_tokens,
             counted_input_tokens: u.counted_input_tokens,
@@ -246,6 +254,26 @@ pub struct PolicyDoc {
     /// reservation's record stays in memory; retries after it are answered
     /// from the on-disk idempotency index.
     idempotency_window_ms: Option<u64>,
+    /// Optional: further dimensions limited beside the primary one
+    /// (`capacity_unit` and the fields above), each with its own bucket; one
+    /// reservation holds in all of them at once.
+    dimensions: Option<Vec<DimensionLimitDoc>>,
+    /// Optional (default false): leave cache-read input tokens out of the
+    /// input dimensions at settle.
+    exclude_cache_read_input_tokens: Option<bool>,
+}
+
+#[allow(dead_code)]
+#[derive(ToSchema)]
+pub struct DimensionLimitDoc {
+    /// `requests`, `input_tokens`, `output_tokens` or `tokens` (each at most
+    /// once per policy, and not the primary's).
+    dimension: String,
+    refill: RefillRuleDoc,
+    burst_units: u64,
+    opening_units: u64,
+    max_reservation_units: u64,
+    max_overdraft_units: u64,
 }
 
 #[allow(dead_code)]
@@ -301,13 +329,22 @@ fn receipt_response(answer: Answer) -> Result<Response, ApiError> {
             reservation,
             position,
             created,
+            limits,
         } => {
             let status = if created {
                 StatusCode::CREATED
             } else {
                 StatusCode::OK
             };
-            Ok((status, Json(Receipt::new(&key, &reservation, position))).into_response())
+            let mut receipt = Receipt::new(&key, &reservation, position);
+            if let Some(limits) = &limits {
+                receipt.add_dimensions(&reservation, limits.dimensions());
+            }
+            let mut response = (status, Json(receipt)).into_response();
+            if let Some(limits) = limits {
+                limits.write_headers(response.headers_mut());
+            }
+            Ok(response)
         }
         other => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -638,15 +675,17 @@ pub async fn settle(
 ) -> Result<Response, ApiError> {
     let id = path_id(path)?;
     let operation_id = body.operation_id.as_deref().map(operation_id).transpose()?;
-    let actual_units = body.actual_units;
     let usage = body.usage.map(reservoir_core::Usage::from);
-    act(&state, id, |id| Command::Settle {
+    let writers = state.writers()?;
+    let (key, shard) = locate(&writers, &id)?;
+    let request = Request::Settle {
+        key,
         id,
         operation_id,
-        actual_units,
+        actual_units: body.actual_units,
         usage,
-    })
-    .await
+    };
+    receipt_response(writers.call(shard, request).await?)
 }
 
 /// Give back an unstarted reservation.

@@ -35,6 +35,7 @@ pub mod config;
 pub mod problem;
 pub mod project;
 pub mod queries;
+pub mod ratelimit;
 pub mod recovery;
 pub mod sizing;
 pub mod snapshot;

@@ -41,7 +41,8 @@ pub struct Problem {
     /// The policy generation the refusal was decided under (limit refusals).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_generation: Option<u64>,
-    /// What ran out: the policy's capacity unit (`tokens` or `requests`).
+    /// What ran out: the refusing dimension (`requests`, `input_tokens`,
+    /// `output_tokens` or `tokens`; for a one-dimension policy, its capacity unit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limiting_dimension: Option<String>,
     /// Same as the `Retry-After` header, in ms before rounding (limit refusals).
@@ -56,6 +57,8 @@ pub struct Problem {
 pub struct ApiError {
     pub problem: Box<Problem>,
     pub retry_after_s: Option<u64>,
+    /// The caller's own partition, for the rate-limit headers of a refusal.
+    pub limits: Option<Box<crate::ratelimit::RateLimits>>,
 }
 
 impl ApiError {
@@ -73,6 +76,7 @@ impl ApiError {
                     || status == StatusCode::SERVICE_UNAVAILABLE,
             }),
             retry_after_s: None,
+            limits: None,
         }
     }
 
@@ -131,6 +135,7 @@ impl From<Failure> for ApiError {
                 rejection,
                 policy_generation,
                 capacity_unit,
+                limits,
             } => {
                 let status = rejection_status(&rejection);
                 let detail = match &rejection {
@@ -147,8 +152,11 @@ impl From<Failure> for ApiError {
                 let limit = matches!(rejection, Rejection::OpenReservationsLimit { .. });
                 if rejection.is_admission_refusal() || limit {
                     e.problem.policy_generation = policy_generation;
-                    e.problem.limiting_dimension =
-                        capacity_unit.map(|u| capacity_unit_name(u).to_string());
+                    e.problem.limiting_dimension = rejection
+                        .dimension()
+                        .map(|d| d.name().to_string())
+                        .or(capacity_unit.map(|u| capacity_unit_name(u).to_string()));
+                    e.limits = limits;
                     e.problem.retry_after_ms = rejection.retry_after_ms();
                     // Rounded up, and never 0: a conservative hint.
                     e.retry_after_s = rejection
@@ -195,6 +203,9 @@ impl IntoResponse for ApiError {
         );
         if let Some(s) = self.retry_after_s {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if let Some(limits) = &self.limits {
+            limits.write_headers(headers);
         }
         response
     }

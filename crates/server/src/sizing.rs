@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use reservoir_core::sizing::PPM;
-use reservoir_core::{EstimatorConfig, Policy, RequestDigest};
+use reservoir_core::{Dimension, EstimatorConfig, Policy, RequestDigest};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
@@ -75,13 +75,20 @@ impl EstimatorBody {
 }
 
 /// Settings of a policy that names no estimator: p90 of the route's output,
-/// floor 1, and the policy's largest reservation as the ceiling (a cold route
-/// reserves everything one request may take).
+/// floor 1, and as the ceiling the largest reservation of the dimension that
+/// limits output (`output_tokens`, else `tokens`, else the primary one): a
+/// cold route reserves everything one request may take.
 pub fn default_estimator(policy: &Policy) -> EstimatorBody {
+    let output_limit = [Dimension::OutputTokens, Dimension::Tokens]
+        .into_iter()
+        .find_map(|d| policy.dimension_index(d))
+        .map_or(policy.max_reservation_units, |i| {
+            policy.limit(i).max_reservation_units
+        });
     EstimatorBody {
         quantile_ppm: 900_000,
         floor_units: 1,
-        ceiling_units: policy.max_reservation_units.max(1),
+        ceiling_units: output_limit.max(1),
         min_samples: 100,
         default_max_tokens: None,
         sibling_route: None,

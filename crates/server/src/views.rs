@@ -67,7 +67,22 @@ pub struct Receipt {
     /// (absent when it did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sizing: Option<SizingReceipt>,
+    /// The amounts in the policy's further dimensions (absent for a
+    /// one-dimension policy; the fields above are the primary dimension's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dimensions: Vec<DimensionReceipt>,
     pub log_position: LogPosition,
+}
+
+/// A reservation's amounts in one further dimension.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DimensionReceipt {
+    /// `requests`, `input_tokens`, `output_tokens` or `tokens`.
+    pub dimension: String,
+    pub reserved_units: u64,
+    pub held_units: u64,
+    pub actual_units: Option<u64>,
+    pub overdraft_units: u64,
 }
 
 impl Receipt {
@@ -85,8 +100,29 @@ impl Receipt {
             operation_id: r.operation_id.as_ref().map(|o| o.to_string()),
             expires_at_ms: r.expires_at_ms,
             sizing: r.sizing.map(SizingReceipt::from),
+            dimensions: Vec::new(),
             log_position: position.into(),
         }
+    }
+
+    /// Names the further dimensions' amounts (`dimensions`: the policy's,
+    /// primary first).
+    pub fn add_dimensions(
+        &mut self,
+        r: &Reservation,
+        dimensions: impl Iterator<Item = reservoir_core::Dimension>,
+    ) {
+        self.dimensions = dimensions
+            .skip(1)
+            .zip(&r.further)
+            .map(|(d, hold)| DimensionReceipt {
+                dimension: d.name().to_string(),
+                reserved_units: hold.reserved_units,
+                held_units: hold.held_units,
+                actual_units: hold.actual_units,
+                overdraft_units: hold.overdraft_units,
+            })
+            .collect();
     }
 }
 
@@ -218,6 +254,21 @@ pub struct PartitionView {
     /// Finished records that left memory for the idempotency index.
     pub evicted_reservations: u64,
     pub refusals: u64,
+    /// The further dimensions of the policy, each with its own terms and
+    /// conservation check (absent for a one-dimension policy; the terms above
+    /// are the primary dimension's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dimensions: Vec<DimensionLedgerView>,
+}
+
+/// One further dimension's terms in a partition.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct DimensionLedgerView {
+    /// `requests`, `input_tokens`, `output_tokens` or `tokens`.
+    pub dimension: String,
+    #[serde(flatten)]
+    pub ledger: LedgerView,
+    pub debt_units: u64,
 }
 
 impl From<&PartitionStatus> for PartitionView {
@@ -244,6 +295,17 @@ impl From<&PartitionStatus> for PartitionView {
             reservations_in_memory: s.reservations as u64,
             evicted_reservations: p.evicted_reservations,
             refusals: p.refusals,
+            dimensions: p
+                .policy
+                .iter()
+                .flat_map(|policy| policy.dimensions.iter())
+                .zip(&p.further)
+                .map(|(limit, state)| DimensionLedgerView {
+                    dimension: limit.dimension.name().to_string(),
+                    ledger: LedgerView::from(&state.ledger),
+                    debt_units: state.ledger.debt_units().unwrap_or(0),
+                })
+                .collect(),
         }
     }
 }

@@ -20,6 +20,8 @@ mod config;
 mod crash;
 #[path = "server/dashboard.rs"]
 mod dashboard;
+#[path = "server/dimensions.rs"]
+mod dimensions;
 #[path = "server/failures.rs"]
 mod failures;
 #[path = "server/idempotency.rs"]

@@ -11,6 +11,7 @@ use super::support::*;
 
 fn reserve(id: &str) -> Command {
     Command::Reserve {
+        further_units: Vec::new(),
         id: ReservationId::new(id).unwrap(),
         digest: RequestDigest([1; 32]),
         units: 100,
@@ -70,6 +71,7 @@ async fn found_by_id_with_its_latest_state_and_unknown_ids_are_none() {
         Some((chat.clone(), ReservationState::Started))
     );
     let settle = Command::Settle {
+        further_actual_units: Vec::new(),
         id,
         operation_id: None,
         actual_units: 60,

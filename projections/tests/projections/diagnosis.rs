@@ -59,6 +59,7 @@ async fn diagnosis_names_the_cause() {
         let now = second * SECOND_MS;
         for (i, id, actual) in in_flight.remove(&now).unwrap_or_default() {
             let settle = Command::Settle {
+                further_actual_units: Vec::new(),
                 id,
                 operation_id: None,
                 actual_units: actual,
@@ -75,6 +76,7 @@ async fn diagnosis_names_the_cause() {
                 n += 1;
                 let id = ReservationId::new(format!("c{n}")).unwrap();
                 let reserve = Command::Reserve {
+                    further_units: Vec::new(),
                     id: id.clone(),
                     digest: RequestDigest([0; 32]),
                     units: tenant.reserve_units,

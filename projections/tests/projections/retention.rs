@@ -12,6 +12,7 @@ use super::support::*;
 
 fn reserve(id: &str) -> Command {
     Command::Reserve {
+        further_units: Vec::new(),
         id: ReservationId::new(id).unwrap(),
         digest: RequestDigest([3; 32]),
         units: 10,

@@ -106,10 +106,12 @@ async fn run(tenant: &str, route: &str, sizing: Sizing) -> (Outcome, Verdict) {
         for (id, reserved, output) in in_flight.remove(&now).unwrap_or_default() {
             let actual = INPUT_UNITS + output;
             let settle = Command::Settle {
+                further_actual_units: Vec::new(),
                 id,
                 operation_id: None,
                 actual_units: actual,
                 usage: Some(Usage {
+                    cache_read_input_tokens: None,
                     model: Some("model-a".into()),
                     output_tokens: Some(output),
                     counted_input_tokens: Some(INPUT_UNITS),
@@ -150,6 +152,7 @@ async fn run(tenant: &str, route: &str, sizing: Sizing) -> (Outcome, Verdict) {
             };
             let id = ReservationId::new(format!("c{n}")).unwrap();
             let reserve = Command::Reserve {
+                further_units: Vec::new(),
                 id: id.clone(),
                 digest: RequestDigest([0; 32]),
                 units,

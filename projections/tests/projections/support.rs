@@ -211,6 +211,7 @@ impl Mixed {
                 // A corrupt record: a sequence gap nobody decided.
                 let p = &driver.partitions[&corrupt_key()];
                 let bogus = Event {
+                    further: Vec::new(),
                     sequence: p.last_sequence + 5,
                     at_ms: now,
                     body: EventBody::Closed,
@@ -234,6 +235,7 @@ impl Mixed {
         let id = ReservationId::new(format!("r{n}")).unwrap();
         let units = 300 + self.rng.below(3_000);
         let command = Command::Reserve {
+            further_units: Vec::new(),
             id: id.clone(),
             digest: digest(n),
             units,
@@ -247,6 +249,7 @@ impl Mixed {
             operation_id: OperationId::new(format!("op{n}")).unwrap(),
         };
         let settle = |actual_units| Command::Settle {
+            further_actual_units: Vec::new(),
             id: id.clone(),
             operation_id: None,
             actual_units,
@@ -285,6 +288,7 @@ fn mixed_usage(n: u64, actual_units: u64) -> Option<Usage> {
     let counted = actual_units / 5;
     let reported = counted + counted * 3 / 100;
     let split = |model: &str| Usage {
+        cache_read_input_tokens: None,
         model: Some(model.to_string()),
         output_tokens: Some(actual_units.saturating_sub(reported)),
         counted_input_tokens: Some(counted),

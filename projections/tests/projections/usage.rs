@@ -21,6 +21,7 @@ fn call<L: reservoir_log::EventLog>(
     let now = n * 10;
     let commands = [
         Command::Reserve {
+            further_units: Vec::new(),
             id: id.clone(),
             digest: RequestDigest([1; 32]),
             units: 5_000,
@@ -31,6 +32,7 @@ fn call<L: reservoir_log::EventLog>(
             operation_id: OperationId::new(format!("op{n}")).unwrap(),
         },
         Command::Settle {
+            further_actual_units: Vec::new(),
             id,
             operation_id: None,
             actual_units,
@@ -68,6 +70,7 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
             0 | 1 => {
                 outputs_a.push(output);
                 Some(Usage {
+                    cache_read_input_tokens: None,
                     model: Some("model-a".into()),
                     output_tokens: Some(output),
                     counted_input_tokens: Some(1_000),

@@ -41,6 +41,7 @@ pub fn policy() -> Policy {
 
 pub fn reserve(id: &str, d: u8, units: Units) -> Command {
     Command::Reserve {
+        further_units: Vec::new(),
         id: rid(id),
         digest: digest(d),
         units,
@@ -55,6 +56,7 @@ pub fn start(id: &str, operation: &str) -> Command {
 }
 pub fn settle(id: &str, operation: Option<&str>, actual_units: Units) -> Command {
     Command::Settle {
+        further_actual_units: Vec::new(),
         id: rid(id),
         operation_id: operation.map(op),
         actual_units,
@@ -223,11 +225,7 @@ impl Harness {
 
     /// An event stamped as the next one in this partition, at the current clock.
     pub fn next_event(&self, body: EventBody) -> Event {
-        Event {
-            sequence: self.next_sequence(),
-            at_ms: self.now.max(self.p.last_at_ms),
-            body,
-        }
+        Event::new(self.next_sequence(), self.now.max(self.p.last_at_ms), body)
     }
 }
 

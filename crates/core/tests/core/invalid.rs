@@ -151,10 +151,10 @@ fn zero_and_absurd_amounts_are_refused() {
         (reserve("r", 1, MAX_UNITS + 1),     absurd(MAX_UNITS + 1)),
         (reserve("r", 1, u64::MAX),          absurd(u64::MAX)),
         (settle("r", None, MAX_UNITS + 1),   absurd(MAX_UNITS + 1)),
-        (Command::MoveOut { move_id: mid("m"), to: key.clone(), units: u64::MAX }, absurd(u64::MAX)),
-        (Command::MoveIn { move_id: mid("m"), from: key.clone(), units: MAX_UNITS + 1, debt_units: 0 }, absurd(MAX_UNITS + 1)),
-        (Command::MoveIn { move_id: mid("m"), from: key.clone(), units: 0, debt_units: u64::MAX }, absurd(u64::MAX)),
-        (Command::MoveIn { move_id: mid("m"), from: PartitionKey { subject: "a b".into(), ..key.clone() }, units: 1, debt_units: 0 },
+        (Command::MoveOut { further_units: Vec::new(), move_id: mid("m"), to: key.clone(), units: u64::MAX }, absurd(u64::MAX)),
+        (Command::MoveIn { further: Vec::new(), move_id: mid("m"), from: key.clone(), units: MAX_UNITS + 1, debt_units: 0 }, absurd(MAX_UNITS + 1)),
+        (Command::MoveIn { further: Vec::new(), move_id: mid("m"), from: key.clone(), units: 0, debt_units: u64::MAX }, absurd(u64::MAX)),
+        (Command::MoveIn { further: Vec::new(), move_id: mid("m"), from: PartitionKey { subject: "a b".into(), ..key.clone() }, units: 1, debt_units: 0 },
                                              Rejection::InvalidInput(InvalidInput::IdCharacters { kind: "subject" })),
     ];
     for (when, then) in table {
@@ -240,6 +240,7 @@ fn accumulated_moves_that_would_overflow_are_rejected() {
     let mut refused = 0;
     for i in 0..2_100 {
         let cmd = Command::MoveIn {
+            further: Vec::new(),
             move_id: mid(&format!("m{i}")),
             from: from.clone(),
             units: MAX_UNITS,

@@ -181,6 +181,7 @@ fn usage_and_sizing_are_recorded_beside_the_amounts() {
         rule: SizingRule::MaxTokens,
     };
     let with_sizing = |units| Command::Reserve {
+        further_units: Vec::new(),
         id: rid("r"),
         digest: digest(1),
         units,
@@ -188,6 +189,7 @@ fn usage_and_sizing_are_recorded_beside_the_amounts() {
     };
     // sizing.units must be the reserved units.
     let mismatched = Command::Reserve {
+        further_units: Vec::new(),
         id: rid("r"),
         digest: digest(1),
         units: 1_500,
@@ -201,12 +203,14 @@ fn usage_and_sizing_are_recorded_beside_the_amounts() {
     ));
     h.ok(start("r", "op-1"));
     let usage = Usage {
+        cache_read_input_tokens: None,
         model: Some("model-a".into()),
         output_tokens: Some(700),
         counted_input_tokens: Some(500),
         reported_input_tokens: Some(517),
     };
     let settle_with = |usage: Usage| Command::Settle {
+        further_actual_units: Vec::new(),
         id: rid("r"),
         operation_id: None,
         actual_units: 1_217,

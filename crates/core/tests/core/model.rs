@@ -184,6 +184,7 @@ impl Model {
         let p = self.policy.clone();
         match command {
             Command::Reserve {
+                further_units: _,
                 id,
                 digest,
                 units,
@@ -251,6 +252,7 @@ impl Model {
                 }
             }
             Command::Settle {
+                further_actual_units: _,
                 id,
                 operation_id,
                 actual_units,
@@ -393,6 +395,7 @@ fn to_command(op: &Op, model: &Model, previous: &Option<Command>) -> Command {
             digest: d,
             units,
         } => Command::Reserve {
+            further_units: Vec::new(),
             id: id(*n),
             digest: digest(*d),
             units: *units,
@@ -409,6 +412,7 @@ fn to_command(op: &Op, model: &Model, previous: &Option<Command>) -> Command {
                 Amount::Above(extra) => reserved + extra,
             };
             Command::Settle {
+                further_actual_units: Vec::new(),
                 id: id(*n),
                 operation_id: op.map(operation),
                 actual_units,

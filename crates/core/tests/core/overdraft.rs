@@ -108,13 +108,16 @@ fn in_debt() -> Harness {
 #[test]
 fn admission_is_zero_while_debt_is_outstanding() {
     let mut h = in_debt();
-    // Every size is refused while debt > 0 (too large is still refused as such first).
+    // Every size is refused while debt > 0 (too large is still refused as such
+    // first). The hint covers repaying the debt and then refilling the units
+    // (one per 6 ms): retrying then, with no other traffic, admits.
     for units in [1, 2, 100, 7_999, 8_000] {
         assert_eq!(
             h.rejected(reserve("n", 1, units)),
             Rejection::DebtOutstanding {
+                dimension: reservoir_core::Dimension::Tokens,
                 debt_units: 2_000,
-                retry_after_ms: Some(12_000)
+                retry_after_ms: Some((2_000 + units) * 6)
             }
         );
     }
@@ -137,8 +140,9 @@ fn admission_is_zero_while_debt_is_outstanding() {
     assert_eq!(
         h.rejected(reserve("n", 1, 1)),
         Rejection::DebtOutstanding {
+            dimension: reservoir_core::Dimension::Tokens,
             debt_units: 1_000,
-            retry_after_ms: Some(6_000)
+            retry_after_ms: Some(6_006)
         }
     );
     // A reserve one tick before full repayment is refused and records nothing.
@@ -149,6 +153,7 @@ fn admission_is_zero_while_debt_is_outstanding() {
     assert_eq!(
         h.rejected(reserve("n", 1, 1)),
         Rejection::InsufficientCapacity {
+            dimension: reservoir_core::Dimension::Tokens,
             requested_units: 1,
             available_units: 0,
             retry_after_ms: Some(6)

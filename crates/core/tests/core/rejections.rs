@@ -61,12 +61,14 @@ fn every_rejection_code_with_its_exact_value() {
     #[rustfmt::skip]
     let table: Vec<(&str, Policy, Setup, Command, u64, Rejection)> = vec![
         // name                  policy        given        when                               at       then
+        // `a` holds 8,000 of the 10,000 burst: refill cannot add the 6,000
+        // missing until it is gone, which for an unstarted hold is by its lease.
         ("too little left",      policy(),     |h| { h.ok(reserve("a", 1, 8_000)); }, reserve("b", 1, 8_000), 0,
-            Rejection::InsufficientCapacity { requested_units: 8_000, available_units: 2_000, retry_after_ms: Some(36_000) }),
+            Rejection::InsufficientCapacity { dimension: reservoir_core::Dimension::Tokens, requested_units: 8_000, available_units: 2_000, retry_after_ms: Some(180_000) }),
         ("above max reservation", policy(),    nothing,     reserve("a", 1, 8_001),            0,
-            Rejection::RequestTooLarge { requested_units: 8_001, max_units: 8_000 }),
+            Rejection::RequestTooLarge { dimension: reservoir_core::Dimension::Tokens, requested_units: 8_001, max_units: 8_000 }),
         ("debt freezes admission", policy(),   in_debt,     reserve("b", 1, 1),                0,
-            Rejection::DebtOutstanding { debt_units: 2_000, retry_after_ms: Some(12_000) }),
+            Rejection::DebtOutstanding { dimension: reservoir_core::Dimension::Tokens, debt_units: 2_000, retry_after_ms: Some(12_006) }),
         ("release after start",  policy(),     started_a,   release("a"),                      0,
             Rejection::WrongState { id: a(), state: ReservationState::Started, transition: Transition::Release }),
         ("start unknown id",     policy(),     nothing,     start("x", "op-1"),                0,
@@ -135,15 +137,16 @@ fn only_limit_refusals_are_logged_as_admission_refused() {
     let when = reserve("b", 1, 8_000);
     let rejection = h.rejected(when.clone());
     assert!(rejection.is_admission_refusal());
-    assert_eq!(rejection.retry_after_ms(), Some(36_000));
+    assert_eq!(rejection.retry_after_ms(), Some(180_000));
     let event = refusal_event(&h.p, &when, &rejection, h.now).expect("limit refusals are logged");
     assert_eq!(
         event.body,
         EventBody::AdmissionRefused {
+            dimension: Some(reservoir_core::Dimension::Tokens),
             id: rid("b"),
             requested_units: 8_000,
             reason: RefusalReason::InsufficientCapacity,
-            retry_after_ms: Some(36_000),
+            retry_after_ms: Some(180_000),
         }
     );
     let ledger = h.ledger();
@@ -222,6 +225,7 @@ fn reservation_and_move_limits_are_hit() {
     let to = PartitionKey::new("tenant-7", "chat.generate", "next", 31).unwrap();
     for i in 0..MAX_MOVES_PER_PARTITION {
         h.ok(Command::MoveOut {
+            further_units: Vec::new(),
             move_id: mid(&format!("m{i}")),
             to: to.clone(),
             units: 1,
@@ -229,6 +233,7 @@ fn reservation_and_move_limits_are_hit() {
     }
     assert_eq!(
         h.rejected(Command::MoveOut {
+            further_units: Vec::new(),
             move_id: mid("m-last"),
             to,
             units: 1

@@ -44,7 +44,7 @@ fn shard_issue_moves_available_to_retired_once() {
     let table: Vec<(Command, Rejection)> = vec![
         (issue("s1", 2_999),  Rejection::ExistsWithDifferentFields),
         (other_gateway,       Rejection::ExistsWithDifferentFields),
-        (issue("s2", 7_001),  Rejection::InsufficientCapacity { requested_units: 7_001, available_units: 7_000, retry_after_ms: None }),
+        (issue("s2", 7_001),  Rejection::InsufficientCapacity { dimension: reservoir_core::Dimension::Tokens, requested_units: 7_001, available_units: 7_000, retry_after_ms: None }),
         (issue("s2", 0),      Rejection::InvalidInput(InvalidInput::ZeroUnits)),
         (Command::IssueShard { shard_id: sid("s2"), units: 1, gateway_id: "gw 1".into(), boot_epoch: 1, expires_at_ms: 1 },
                               Rejection::InvalidInput(InvalidInput::IdCharacters { kind: "gateway id" })),
@@ -59,6 +59,7 @@ fn shard_issue_moves_available_to_retired_once() {
     assert_eq!(
         h.rejected(issue("s2", 1)),
         Rejection::DebtOutstanding {
+            dimension: reservoir_core::Dimension::Tokens,
             debt_units: 1_000,
             retry_after_ms: None
         }
@@ -160,17 +161,20 @@ fn close_then_move_capacity_and_debt_to_the_next_generation() {
     assert_eq!(a.available(), 1_300);
 
     let out = Command::MoveOut {
+        further_units: Vec::new(),
         move_id: mid("m1"),
         to: b_key.clone(),
         units: 1_300,
     };
     assert_eq!(
         a.rejected(Command::MoveOut {
+            further_units: Vec::new(),
             move_id: mid("m1"),
             to: b_key.clone(),
             units: 1_301
         }),
         Rejection::InsufficientCapacity {
+            dimension: reservoir_core::Dimension::Tokens,
             requested_units: 1_301,
             available_units: 1_300,
             retry_after_ms: None
@@ -189,6 +193,7 @@ fn close_then_move_capacity_and_debt_to_the_next_generation() {
     a.noop(out);
     assert_eq!(
         a.rejected(Command::MoveOut {
+            further_units: Vec::new(),
             move_id: mid("m1"),
             to: b_key.clone(),
             units: 1
@@ -199,6 +204,7 @@ fn close_then_move_capacity_and_debt_to_the_next_generation() {
 
     let mut b = Harness::open(b_policy);
     let move_in = Command::MoveIn {
+        further: Vec::new(),
         move_id: mid("m1"),
         from: a_key.clone(),
         units: 1_300,
@@ -208,6 +214,7 @@ fn close_then_move_capacity_and_debt_to_the_next_generation() {
     b.noop(move_in);
     assert_eq!(
         b.rejected(Command::MoveIn {
+            further: Vec::new(),
             move_id: mid("m1"),
             from: a_key.clone(),
             units: 1_300,

@@ -134,6 +134,7 @@ fn events_before_opening_are_refused() {
     let key = key_for(&policy());
     let mut p = Partition::default();
     let event = |body| Event {
+        further: Vec::new(),
         sequence: 1,
         at_ms: 0,
         body,
@@ -166,6 +167,7 @@ fn events_before_opening_are_refused() {
     assert_eq!(p, Partition::default());
     assert_eq!(
         Partition::replay(&[Event {
+            further: Vec::new(),
             sequence: 2,
             at_ms: 0,
             body: EventBody::Closed

@@ -26,9 +26,9 @@ use std::sync::LazyLock;
 use apache_avro::schema::Schema;
 use apache_avro::types::Value;
 use reservoir_core::{
-    CapacityUnit, EmergencyMode, Event, EventBody, MoveId, OperationId, PartitionKey, Policy,
-    RefillRule, RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing,
-    SizingRule, Usage,
+    CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, Event, EventBody,
+    MoveId, OperationId, PartitionKey, Policy, RefillRule, RefusalReason, RequestDigest,
+    ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
 };
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -58,7 +58,7 @@ pub const MAX_EVENTS_PER_RECORD: usize = 4096;
 
 /// Current schema id of `io.reservoir.v1.Envelope` (a [`Record`]). Id 1, the
 /// first version, stays readable: its values decode with `usage`/`sizing` null.
-pub const ENVELOPE_ID: u32 = 8;
+pub const ENVELOPE_ID: u32 = 10;
 /// Current schema id of `io.reservoir.v1.Claim`.
 pub const CLAIM_ID: u32 = 2;
 
@@ -191,6 +191,14 @@ pub const REGISTERED_SCHEMAS: &[(u32, &str)] = &[
     (
         8,
         include_str!("../../../../schemas/registered/8-Envelope.avsc"),
+    ),
+    (
+        9,
+        include_str!("../../../../schemas/registered/9-AdmissionBudget.avsc"),
+    ),
+    (
+        10,
+        include_str!("../../../../schemas/registered/10-Envelope.avsc"),
     ),
 ];
 

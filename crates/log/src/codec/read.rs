@@ -143,6 +143,13 @@ impl Fields {
         Ok(std::mem::replace(&mut self.0[at].1, Value::Null))
     }
 
+    /// A field that values under older ids lack (outside the body, which is
+    /// resolved to the current schema and so always has every field).
+    fn take_optional(&mut self, name: &str) -> Option<Value> {
+        let at = self.0.iter().position(|(n, _)| n == name)?;
+        Some(std::mem::replace(&mut self.0[at].1, Value::Null))
+    }
+
     fn u64(&mut self, path: &'static str) -> Result<u64, CodecError> {
         as_u64(self.take(path)?, path)
     }
@@ -263,10 +270,16 @@ fn read_envelope(
             ));
         }
         let body = read_body(e.take("Event.body")?, writer, evolved)?;
+        // Absent from values under ids before dimensions: none.
+        let further = match e.take_optional("further") {
+            None => Vec::new(),
+            Some(v) => read_further(v)?,
+        };
         events.push(Event {
             sequence,
             at_ms,
             body,
+            further,
         });
     }
     Ok(Record {
@@ -361,6 +374,11 @@ fn read_body(
                 s => return Err(shape("AdmissionRefused.reason", s.to_string())),
             },
             retry_after_ms: f.opt_u64("AdmissionRefused.retryAfterMs")?,
+            dimension: match unwrap_union(f.take("AdmissionRefused.dimension")?) {
+                Value::Null => None,
+                Value::String(name) => Some(dimension_from("AdmissionRefused.dimension", &name)?),
+                other => return Err(shape("AdmissionRefused.dimension", format!("{other:?}"))),
+            },
         },
         "Started" => EventBody::Started {
             id: f.reservation_id("Started.id")?,
@@ -430,6 +448,55 @@ fn read_body(
     Ok(body)
 }
 
+/// `Event.further`: the union branches in schema order.
+fn read_further(value: Value) -> Result<Vec<DimensionAmounts>, CodecError> {
+    let Value::Array(items) = value else {
+        return Err(shape("Event.further", "expected an array"));
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            let Value::Union(index, inner) = item else {
+                return Err(shape("Event.further", "expected a union"));
+            };
+            let mut f = Fields::of(*inner, "Event.further")?;
+            Ok(match index {
+                0 => DimensionAmounts::Opened {
+                    opening_units: f.u64("OpenedAmounts.openingUnits")?,
+                },
+                1 => DimensionAmounts::Refilled {
+                    minted_units: f.u64("RefilledAmounts.mintedUnits")?,
+                    repaid_units: f.u64("RefilledAmounts.repaidUnits")?,
+                    remainder: f.u64("RefilledAmounts.remainder")?,
+                },
+                2 => DimensionAmounts::Reserved {
+                    reserved_units: f.u64("ReservedAmounts.reservedUnits")?,
+                    held_units: f.u64("ReservedAmounts.heldUnits")?,
+                },
+                3 => DimensionAmounts::Settled {
+                    actual_units: f.u64("SettledAmounts.actualUnits")?,
+                    refunded_units: f.u64("SettledAmounts.refundedUnits")?,
+                    from_available_units: f.u64("SettledAmounts.fromAvailableUnits")?,
+                    overdraft_units: f.u64("SettledAmounts.overdraftUnits")?,
+                    overdraft_limit_breached: f.boolean("SettledAmounts.overdraftLimitBreached")?,
+                },
+                4 => DimensionAmounts::Refunded {
+                    refunded_units: f.u64("RefundedAmounts.refundedUnits")?,
+                },
+                5 => DimensionAmounts::Moved {
+                    units: f.u64("MovedAmounts.units")?,
+                    debt_units: f.u64("MovedAmounts.debtUnits")?,
+                },
+                i => return Err(shape("Event.further", format!("union branch {i}"))),
+            })
+        })
+        .collect()
+}
+
+fn dimension_from(path: &'static str, name: &str) -> Result<Dimension, CodecError> {
+    Dimension::from_name(name).ok_or_else(|| shape(path, format!("unknown dimension {name:?}")))
+}
+
 fn read_sizing(mut f: Fields) -> Result<Sizing, CodecError> {
     Ok(Sizing {
         units: f.u64("Sizing.units")?,
@@ -456,6 +523,7 @@ fn read_usage(mut f: Fields) -> Result<Usage, CodecError> {
         output_tokens: f.opt_u64("Usage.outputTokens")?,
         counted_input_tokens: f.opt_u64("Usage.countedInputTokens")?,
         reported_input_tokens: f.opt_u64("Usage.reportedInputTokens")?,
+        cache_read_input_tokens: f.opt_u64("Usage.cacheReadInputTokens")?,
     };
     usage.validate().map_err(|e| invalid("Usage", e))?;
     Ok(usage)
@@ -506,5 +574,31 @@ fn read_policy(mut f: Fields) -> Result<Policy, CodecError> {
         generation: f.u64("AdmissionBudget.generation")?,
         // Filled with the schema's default for values written before it existed.
         idempotency_window_ms: f.u64("AdmissionBudget.idempotencyWindowMs")?,
+        dimensions: match f.take("AdmissionBudget.dimensions")? {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| {
+                    let mut d = Fields::of(item, "DimensionLimit")?;
+                    let mut r = d.record("DimensionLimit.refill")?;
+                    Ok(DimensionLimit {
+                        dimension: dimension_from(
+                            "DimensionLimit.dimension",
+                            &d.string("DimensionLimit.dimension")?,
+                        )?,
+                        refill: RefillRule {
+                            units: r.u64("RefillRule.units")?,
+                            interval_ms: r.u64("RefillRule.intervalMs")?,
+                        },
+                        burst_units: d.u64("DimensionLimit.burstUnits")?,
+                        opening_units: d.u64("DimensionLimit.openingUnits")?,
+                        max_reservation_units: d.u64("DimensionLimit.maxReservationUnits")?,
+                        max_overdraft_units: d.u64("DimensionLimit.maxOverdraftUnits")?,
+                    })
+                })
+                .collect::<Result<_, CodecError>>()?,
+            other => return Err(shape("AdmissionBudget.dimensions", format!("{other:?}"))),
+        },
+        exclude_cache_read_input_tokens: f
+            .boolean("AdmissionBudget.excludeCacheReadInputTokens")?,
     })
 }

@@ -127,6 +127,70 @@ fn write_envelope(out: &mut Vec<u8>, r: &Record) -> Result<(), CodecError> {
         out.push(b'/');
         put_decimal(out, e.sequence);
         write_body(out, &e.body)?;
+        write_further(out, &e.further)?;
+    }
+    put_long(out, 0);
+    Ok(())
+}
+
+/// `Event.further`: one block with every item (union branch, then fields), then
+/// the terminating empty block; a lone empty block when there are none.
+fn write_further(out: &mut Vec<u8>, further: &[DimensionAmounts]) -> Result<(), CodecError> {
+    if !further.is_empty() {
+        put_long(out, further.len() as i64);
+        for amounts in further {
+            match *amounts {
+                DimensionAmounts::Opened { opening_units } => {
+                    put_long(out, 0);
+                    put_u64(out, "OpenedAmounts.openingUnits", opening_units)?;
+                }
+                DimensionAmounts::Refilled {
+                    minted_units,
+                    repaid_units,
+                    remainder,
+                } => {
+                    put_long(out, 1);
+                    put_u64(out, "RefilledAmounts.mintedUnits", minted_units)?;
+                    put_u64(out, "RefilledAmounts.repaidUnits", repaid_units)?;
+                    put_u64(out, "RefilledAmounts.remainder", remainder)?;
+                }
+                DimensionAmounts::Reserved {
+                    reserved_units,
+                    held_units,
+                } => {
+                    put_long(out, 2);
+                    put_u64(out, "ReservedAmounts.reservedUnits", reserved_units)?;
+                    put_u64(out, "ReservedAmounts.heldUnits", held_units)?;
+                }
+                DimensionAmounts::Settled {
+                    actual_units,
+                    refunded_units,
+                    from_available_units,
+                    overdraft_units,
+                    overdraft_limit_breached,
+                } => {
+                    put_long(out, 3);
+                    put_u64(out, "SettledAmounts.actualUnits", actual_units)?;
+                    put_u64(out, "SettledAmounts.refundedUnits", refunded_units)?;
+                    put_u64(
+                        out,
+                        "SettledAmounts.fromAvailableUnits",
+                        from_available_units,
+                    )?;
+                    put_u64(out, "SettledAmounts.overdraftUnits", overdraft_units)?;
+                    put_bool(out, overdraft_limit_breached);
+                }
+                DimensionAmounts::Refunded { refunded_units } => {
+                    put_long(out, 4);
+                    put_u64(out, "RefundedAmounts.refundedUnits", refunded_units)?;
+                }
+                DimensionAmounts::Moved { units, debt_units } => {
+                    put_long(out, 5);
+                    put_u64(out, "MovedAmounts.units", units)?;
+                    put_u64(out, "MovedAmounts.debtUnits", debt_units)?;
+                }
+            }
+        }
     }
     put_long(out, 0);
     Ok(())
@@ -253,11 +317,19 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
             requested_units,
             reason,
             retry_after_ms,
+            dimension,
         } => {
             put_str(out, id.as_str());
             put_u64(out, "requestedUnits", *requested_units)?;
             put_long(out, refusal_index(*reason));
             put_opt_u64(out, "retryAfterMs", *retry_after_ms)?;
+            match dimension {
+                None => put_long(out, 0),
+                Some(d) => {
+                    put_long(out, 1);
+                    put_str(out, d.name());
+                }
+            }
         }
         EventBody::Started {
             id,
@@ -299,6 +371,7 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
                     put_opt_u64(out, "usage.outputTokens", u.output_tokens)?;
                     put_opt_u64(out, "usage.countedInputTokens", u.counted_input_tokens)?;
                     put_opt_u64(out, "usage.reportedInputTokens", u.reported_input_tokens)?;
+                    put_opt_u64(out, "usage.cacheReadInputTokens", u.cache_read_input_tokens)?;
                 }
             }
         }
@@ -381,7 +454,26 @@ fn write_policy(out: &mut Vec<u8>, p: &Policy) -> Result<(), CodecError> {
     );
     put_bool(out, p.shadow_mode);
     put_u64(out, "generation", p.generation)?;
-    put_u64(out, "idempotencyWindowMs", p.idempotency_window_ms)
+    put_u64(out, "idempotencyWindowMs", p.idempotency_window_ms)?;
+    if !p.dimensions.is_empty() {
+        put_long(out, p.dimensions.len() as i64);
+        for l in &p.dimensions {
+            put_str(out, l.dimension.name());
+            put_u64(out, "dimensions.refill.units", l.refill.units)?;
+            put_u64(out, "dimensions.refill.intervalMs", l.refill.interval_ms)?;
+            put_u64(out, "dimensions.burstUnits", l.burst_units)?;
+            put_u64(out, "dimensions.openingUnits", l.opening_units)?;
+            put_u64(
+                out,
+                "dimensions.maxReservationUnits",
+                l.max_reservation_units,
+            )?;
+            put_u64(out, "dimensions.maxOverdraftUnits", l.max_overdraft_units)?;
+        }
+    }
+    put_long(out, 0);
+    put_bool(out, p.exclude_cache_read_input_tokens);
+    Ok(())
 }
 
 fn shadow_index(v: ShadowVerdict) -> i64 {

@@ -25,6 +25,7 @@ fn one_event_record(body: reservoir_core::EventBody, sequence: u64) -> Record {
         writer_id: "node-a:boot-1".to_string(),
         claim_epoch: 3,
         events: vec![Event {
+            further: Vec::new(),
             sequence,
             at_ms: 1_784_469_600_000 + sequence,
             body,
@@ -44,11 +45,17 @@ fn every_entry() -> Vec<LogEntry> {
             .into_iter()
             .enumerate()
             .map(|(i, body)| Event {
+                further: Vec::new(),
                 sequence: i as u64 + 1,
                 at_ms: 7,
                 body,
             })
             .collect(),
+        ..one_event_record(reservoir_core::EventBody::Closed, 1)
+    }));
+    // A three-dimension partition's history: every kind of further amounts.
+    entries.push(LogEntry::Record(Record {
+        events: fixtures::three_dimension_events(),
         ..one_event_record(reservoir_core::EventBody::Closed, 1)
     }));
     entries.push(fixtures::claim("node-a:boot-1", 1));
@@ -263,7 +270,7 @@ fn avro_fields(record: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn camel(snake: &str) -> String {
+pub(crate) fn camel(snake: &str) -> String {
     let mut out = String::new();
     let mut upper = false;
     for c in snake.chars() {
@@ -307,12 +314,21 @@ fn event_bodies_have_exactly_the_fields_of_their_schema() {
 
 #[test]
 fn records_the_seeds_name_match_their_rust_types() {
-    let policy = reservoir_core::Policy::example("tenant-7", "chat.generate", 31);
+    // With every optional part set, so serde writes every field.
+    let policy = reservoir_core::Policy {
+        exclude_cache_read_input_tokens: true,
+        ..reservoir_core::Policy::example_three_dimensions("tenant-7", "chat.generate", 31)
+    };
     let json = serde_json::to_value(&policy).unwrap();
     assert_eq!(serde_fields(&json), avro_fields("AdmissionBudget"));
+    assert_eq!(
+        serde_fields(&json["dimensions"][0]),
+        avro_fields("DimensionLimit")
+    );
     assert_eq!(serde_fields(&json["refill"]), avro_fields("RefillRule"));
 
     let reservation = reservoir_core::Reservation {
+        further: Vec::new(),
         id: reservoir_core::ReservationId::new("rl-01").unwrap(),
         digest: reservoir_core::RequestDigest([1; 32]),
         reserved_units: 1,
@@ -349,9 +365,8 @@ fn records_the_seeds_name_match_their_rust_types() {
     let key = serde_json::to_value(fixtures::key("t")).unwrap();
     assert_eq!(serde_fields(&key), avro_fields("PartitionKey"));
     let event = Event {
-        sequence: 1,
-        at_ms: 1,
-        body: reservoir_core::EventBody::Closed,
+        further: vec![reservoir_core::DimensionAmounts::Refunded { refunded_units: 1 }],
+        ..Event::new(1, 1, reservoir_core::EventBody::Closed)
     };
     let mut event_fields = serde_fields(&serde_json::to_value(&event).unwrap());
     event_fields.insert("eventId".into()); // derived: "<key>/<sequence>"
@@ -656,7 +671,18 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
             V::Record(fields) => V::Record(
                 fields
                     .into_iter()
-                    .filter(|(n, _)| n != "usage" && n != "sizing" && n != "idempotencyWindowMs")
+                    .filter(|(n, _)| {
+                        ![
+                            "usage",
+                            "sizing",
+                            "idempotencyWindowMs",
+                            "further",
+                            "dimension",
+                            "dimensions",
+                            "excludeCacheReadInputTokens",
+                        ]
+                        .contains(&n.as_str())
+                    })
                     .map(|(n, v)| (n, strip(v)))
                     .collect(),
             ),
@@ -677,7 +703,12 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
         old.extend(apache_avro::to_avro_datum(v1, strip(value)).unwrap());
         let mut expected = record.clone();
         for e in &mut expected.events {
+            with_new_fields += usize::from(!e.further.is_empty());
+            e.further.clear();
             match &mut e.body {
+                reservoir_core::EventBody::AdmissionRefused { dimension, .. } => {
+                    with_new_fields += usize::from(dimension.take().is_some())
+                }
                 reservoir_core::EventBody::Settled { usage, .. } => {
                     with_new_fields += usize::from(usage.take().is_some())
                 }
@@ -688,6 +719,8 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                     let default = reservoir_core::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS;
                     with_new_fields += usize::from(policy.idempotency_window_ms != default);
                     policy.idempotency_window_ms = default;
+                    policy.dimensions.clear();
+                    policy.exclude_cache_read_input_tokens = false;
                 }
                 _ => {}
             }

@@ -71,12 +71,14 @@ pub fn every_body() -> Vec<EventBody> {
             }),
         },
         EventBody::AdmissionRefused {
+            dimension: None,
             id: rid("rl-03"),
             requested_units: 12_000,
             reason: RefusalReason::RequestTooLarge,
             retry_after_ms: None,
         },
         EventBody::AdmissionRefused {
+            dimension: None,
             id: rid("rl-04"),
             requested_units: 1,
             reason: RefusalReason::DebtOutstanding,
@@ -106,6 +108,7 @@ pub fn every_body() -> Vec<EventBody> {
             overdraft_limit_breached: false,
             from_usage_unknown: true,
             usage: Some(Usage {
+                cache_read_input_tokens: None,
                 model: Some("claude-sonnet-4@2025".into()),
                 output_tokens: Some(1_823),
                 counted_input_tokens: Some(500),
@@ -215,6 +218,7 @@ pub fn record(
                 }
             };
             Event {
+                further: Vec::new(),
                 sequence,
                 at_ms: 1_784_469_600_000 + sequence,
                 body,
@@ -234,4 +238,94 @@ pub fn claim(writer: &str, epoch: u64) -> LogEntry {
         writer_id: writer.to_string(),
         epoch,
     })
+}
+
+/// A three-dimension partition's history, decided and applied by the core: an
+/// event of every kind that carries further-dimension amounts, a refusal
+/// naming its dimension, and usage with cache reads.
+pub fn three_dimension_events() -> Vec<Event> {
+    use reservoir_core::{
+        decide, refusal_event, try_apply, Command, OperationId, Partition, Usage,
+    };
+    let policy = Policy {
+        exclude_cache_read_input_tokens: true,
+        ..Policy::example_three_dimensions("tenant-7", "chat.generate", 40)
+    };
+    let key = PartitionKey::new("tenant-7", "chat.generate", "2026-12", 40).unwrap();
+    let reserve = |id: &str, input, output| Command::Reserve {
+        id: rid(id),
+        digest: RequestDigest([3; 32]),
+        units: 1,
+        sizing: None,
+        further_units: vec![input, output],
+    };
+    let commands = [
+        (
+            0,
+            Command::OpenPartition {
+                key: key.clone(),
+                policy,
+            },
+        ),
+        (1, reserve("a", 1_000, 2_000)),
+        (
+            2,
+            Command::Start {
+                id: rid("a"),
+                operation_id: OperationId::new("op-a").unwrap(),
+            },
+        ),
+        (
+            3,
+            Command::Settle {
+                id: rid("a"),
+                operation_id: None,
+                actual_units: 1,
+                usage: Some(Usage {
+                    model: Some("claude-sonnet-4".into()),
+                    output_tokens: Some(25_000),
+                    counted_input_tokens: Some(900),
+                    reported_input_tokens: Some(950),
+                    cache_read_input_tokens: Some(40),
+                }),
+                further_actual_units: vec![950, 25_000],
+            },
+        ),
+        (4, reserve("b", 10, 10)),
+        (6_000, Command::Refill),
+        (20_000, reserve("c", 10, 10)),
+        (20_001, Command::Release { id: rid("c") }),
+        (20_002, reserve("d", 10, 10)),
+        (210_000, Command::Expire { id: rid("d") }),
+        (
+            210_001,
+            Command::MoveOut {
+                move_id: reservoir_core::MoveId::new("m-1").unwrap(),
+                to: PartitionKey::new("tenant-7", "chat.generate", "2026-12", 41).unwrap(),
+                units: 1,
+                further_units: vec![100, 0],
+            },
+        ),
+    ];
+    let mut p = Partition::default();
+    let mut events = Vec::new();
+    for (now, command) in commands {
+        let decided = match decide(&p, &command, now) {
+            Ok(decided) => decided,
+            // The debt freezes "b": its refusal is logged, naming output_tokens.
+            Err(rejection) => {
+                vec![refusal_event(&p, &command, &rejection, now).expect("a limit refusal")]
+            }
+        };
+        for e in decided {
+            try_apply(&mut p, &e).expect("core accepts its own events");
+            events.push(e);
+        }
+    }
+    let kinds: std::collections::HashSet<_> = events
+        .iter()
+        .flat_map(|e| e.further.iter().map(std::mem::discriminant))
+        .collect();
+    assert_eq!(kinds.len(), 6, "every kind of further amounts: {events:?}");
+    events
 }

@@ -467,6 +467,11 @@ async fn every_body_topic(brokers: &str) -> (KafkaLog, String) {
             record
         })
         .chain([fixtures::record("tenant-many", "w-indep", 1, 1, 7)])
+        // A three-dimension partition: further amounts of every kind.
+        .chain([Record {
+            events: fixtures::three_dimension_events(),
+            ..fixtures::record("tenant-dims", "w-indep", 1, 1, 1)
+        }])
         .collect();
     log.append(batch).await.unwrap();
     (log, topic)
@@ -514,6 +519,7 @@ async fn independent_client_decodes_every_value_from_the_schemas_alone() {
     let brokers = require_broker!();
     let (log, decoded) = independent_read(&brokers).await;
     let mut compared = 0;
+    let mut with_further = 0;
     for p in 0..log.log_partitions() {
         for (position, entry) in all_entries(&log, p).await {
             let theirs = &decoded[&(p, position.offset)];
@@ -551,6 +557,18 @@ async fn independent_client_decodes_every_value_from_the_schemas_alone() {
                             format!("io.reservoir.v1.{}", ours.body.type_name()),
                             "event type"
                         );
+                        // Further-dimension amounts, as a reader of schemas/ sees them.
+                        let further = theirs["further"].as_array().unwrap();
+                        assert_eq!(further.len(), ours.further.len());
+                        for (t, o) in further.iter().zip(&ours.further) {
+                            let ours = serde_json::to_value(o).unwrap();
+                            let (kind, fields) = ours.as_object().unwrap().iter().next().unwrap();
+                            for (name, v) in fields.as_object().unwrap() {
+                                let value = &t["value"][crate::codec::camel(name)];
+                                assert_eq!(*value, *v, "{kind}.{name}");
+                            }
+                        }
+                        with_further += further.len();
                     }
                 }
             }
@@ -564,8 +582,12 @@ async fn independent_client_decodes_every_value_from_the_schemas_alone() {
     );
     assert_eq!(
         compared,
-        fixtures::every_body().len() + 1 + 2,
+        fixtures::every_body().len() + 2 + 2,
         "records plus one claim per partition"
+    );
+    assert!(
+        with_further > 0,
+        "the reader decoded further-dimension amounts"
     );
 }
 

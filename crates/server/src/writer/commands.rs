@@ -3,6 +3,7 @@
 //! are applied speculatively (`pipeline`) and answered once durable. Reads are
 //! answered from state, after the batch that last changed what they read.
 
+use crate::ratelimit::RateLimits;
 use reservoir_core::{
     decide, decide_retired, refusal_event, Command, EventBody, Partition, PartitionKey, Policy,
     Rejection, RequestDigest, Reservation, ReservationId, TimestampMs,
@@ -48,6 +49,13 @@ impl Shard {
                 amount,
             } => self.reserve(batch, subject, route, id, digest, amount),
             Request::Act { key, command } => self.act(batch, key, command, None),
+            Request::Settle {
+                key,
+                id,
+                operation_id,
+                actual_units,
+                usage,
+            } => self.settle(batch, key, id, operation_id, actual_units, usage),
             Request::Get { key, id } => self.get(batch, &key, &id),
             Request::Snapshot => Pending::Ready(Ok(Answer::Snapshot(Box::new(self.state.clone())))),
             Request::Partitions => Pending::Ready(Ok(Answer::Partitions(
@@ -96,11 +104,55 @@ impl Shard {
             .partitions
             .get(key)
             .and_then(|ps| ps.partition.policy.as_ref());
+        let limits = match rejection.is_admission_refusal() {
+            true => self
+                .state
+                .partitions
+                .get(key)
+                .and_then(|ps| RateLimits::of(&ps.partition))
+                .map(Box::new),
+            false => None,
+        };
         Failure::Rejected {
             rejection,
             policy_generation: policy.map(|p| p.generation),
             capacity_unit: policy.map(|p| p.capacity_unit),
+            limits,
         }
+    }
+
+    /// A settle, its amounts in every dimension from what the caller reported.
+    fn settle(
+        &mut self,
+        batch: &mut Batch,
+        key: PartitionKey,
+        id: ReservationId,
+        operation_id: Option<reservoir_core::OperationId>,
+        actual_units: Option<u64>,
+        usage: Option<reservoir_core::Usage>,
+    ) -> Pending {
+        let Some(policy) = self
+            .state
+            .partitions
+            .get(&key)
+            .and_then(|ps| ps.partition.policy.as_ref())
+        else {
+            return Pending::Ready(Err(Failure::NoPolicy));
+        };
+        let (actual_units, further_actual_units) = match policy
+            .used_units(actual_units, usage.as_ref())
+        {
+            Ok(units) => units,
+            Err(e) => return Pending::Ready(Err(self.rejected(&key, Rejection::InvalidInput(e)))),
+        };
+        let command = Command::Settle {
+            id,
+            operation_id,
+            actual_units,
+            usage,
+            further_actual_units,
+        };
+        self.act(batch, key, command, None)
     }
 
     /// A reserve: against the partition that already holds the id (a retry),
@@ -133,8 +185,10 @@ impl Shard {
                 self.rejected(&key, Rejection::ExistsWithDifferentDigest { id })
             ));
         }
-        let (units, sizing) = match amount {
-            Amount::Units(units) => (units, None),
+        let (units, further_units, sizing) = match amount {
+            // Explicit units name the primary dimension only: a policy with
+            // further dimensions refuses them (`DimensionCount`) and is sized.
+            Amount::Units(units) => (units, Vec::new(), None),
             Amount::Sized {
                 counted_input_tokens,
                 max_tokens,
@@ -146,10 +200,17 @@ impl Shard {
                 match (existing, partition.and_then(|p| p.policy.as_ref())) {
                     // A retry: the digest (over the sizing inputs) decides, and
                     // the record keeps the units it was sized with back then.
-                    (Some(existing), _) => (existing.reserved_units, existing.sizing),
+                    (Some(existing), _) => (
+                        existing.reserved_units,
+                        existing.further.iter().map(|d| d.reserved_units).collect(),
+                        existing.sizing,
+                    ),
                     (None, Some(policy)) => {
                         match self.sizer.size(policy, counted_input_tokens, max_tokens) {
-                            Ok(sizing) => (sizing.units, Some(sizing)),
+                            Ok(sizing) => {
+                                let (units, further) = policy.sized_units(&sizing);
+                                (units, further, Some(sizing))
+                            }
                             Err(failure) => return Pending::Ready(Err(Failure::Sizing(failure))),
                         }
                     }
@@ -165,6 +226,7 @@ impl Shard {
                 digest,
                 units,
                 sizing,
+                further_units,
             },
             retired,
         )
@@ -221,6 +283,7 @@ impl Shard {
                     reservation: Box::new(r.clone()),
                     position,
                     created: false,
+                    limits: None,
                 }))
             }
             // Changed by the batch in flight: answered after it lands (or 503 with it).
@@ -285,6 +348,7 @@ impl Shard {
                 rejection,
                 policy_generation: Some(key.policy_generation),
                 capacity_unit: None,
+                limits: None,
             })),
         }
     }

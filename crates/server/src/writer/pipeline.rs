@@ -17,6 +17,7 @@
 //! idempotency index ([`super::retired`]) and leave every in-memory map. A
 //! rolled-back batch puts them back into the partition instead.
 
+use crate::ratelimit::RateLimits;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -393,6 +394,12 @@ impl Shard {
                     created,
                     position,
                 } => Ok(Answer::Reservation {
+                    limits: self
+                        .state
+                        .partitions
+                        .get(&key)
+                        .and_then(|ps| RateLimits::of(&ps.partition))
+                        .map(Box::new),
                     key,
                     reservation,
                     position: resolve(position),

@@ -4,6 +4,7 @@
 //! (`crate::views`). [`Writers`] is the cloneable handle that queues a request
 //! on one shard and waits for its answer, bounded in queue depth and time.
 
+use crate::ratelimit::RateLimits;
 use std::sync::Arc;
 
 use reservoir_core::{
@@ -61,6 +62,16 @@ pub enum Request {
         key: PartitionKey,
         command: Command,
     },
+    /// A settle: `actual_units` for the primary dimension when given, every
+    /// other amount derived from `usage` by the partition's policy
+    /// ([`reservoir_core::Policy::used_units`]).
+    Settle {
+        key: PartitionKey,
+        id: ReservationId,
+        operation_id: Option<reservoir_core::OperationId>,
+        actual_units: Option<u64>,
+        usage: Option<reservoir_core::Usage>,
+    },
     Get {
         key: PartitionKey,
         id: ReservationId,
@@ -93,6 +104,9 @@ pub enum Answer {
         reservation: Box<Reservation>,
         position: Position,
         created: bool,
+        /// The partition's numbers when answered (rate-limit headers, and the
+        /// names of the receipt's further dimensions).
+        limits: Option<Box<RateLimits>>,
     },
     Published {
         key: PartitionKey,
@@ -118,6 +132,8 @@ pub enum Failure {
         rejection: Rejection,
         policy_generation: Option<u64>,
         capacity_unit: Option<CapacityUnit>,
+        /// The partition's numbers for the rate-limit headers of a limit refusal.
+        limits: Option<Box<RateLimits>>,
     },
     /// No active policy for the subject/route.
     NoPolicy,

@@ -62,6 +62,7 @@ async fn openapi_document_matches_the_contract() {
         "operation_id",
         "expires_at_ms",
         "sizing",
+        "dimensions",
         "log_position",
     ]
     .iter()
@@ -91,7 +92,12 @@ async fn openapi_document_matches_the_contract() {
     );
 
     // The documented policy is the core's wire form, field for field.
-    let core = serde_json::to_value(Policy::example("t", "r", 1)).unwrap();
+    // With every optional part set, so serde writes every field.
+    let core = serde_json::to_value(Policy {
+        exclude_cache_read_input_tokens: true,
+        ..Policy::example_three_dimensions("t", "r", 1)
+    })
+    .unwrap();
     let core_fields: BTreeSet<String> = core.as_object().unwrap().keys().cloned().collect();
     assert_eq!(props(&doc, "PolicyDoc"), core_fields);
     let refill: BTreeSet<String> = core["refill"]
@@ -112,9 +118,11 @@ async fn openapi_document_matches_the_contract() {
     s.publish(&policy("t", "r", 1, 100, 0), "e").await;
     let (_, r) = s.reserve("a", "t", "r", 1).await;
     let live: BTreeSet<String> = r.as_object().unwrap().keys().cloned().collect();
-    // `sizing` appears only on reservations the server sized (no units given).
+    // `sizing` appears only on reservations the server sized (no units
+    // given), `dimensions` only under a policy with further dimensions.
     let mut explicit = receipt.clone();
     explicit.remove("sizing");
+    explicit.remove("dimensions");
     assert_eq!(live, explicit);
     s.stop().await;
 }

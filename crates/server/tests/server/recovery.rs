@@ -301,6 +301,7 @@ async fn records_of_a_fenced_writer_do_not_count() {
     // record lands (as on a shared Kafka topic) and the zombie is told it is fenced.
     let id = ReservationId::new("zombie").unwrap();
     let reserve = Command::Reserve {
+        further_units: Vec::new(),
         id: id.clone(),
         digest: RequestDigest([1; 32]),
         units: 10,

@@ -335,7 +335,13 @@ pub async fn assert_conserved_at(client: &reqwest::Client, base: &str) -> Vec<Va
     let (status, body) = split(r).await;
     assert_eq!(status, StatusCode::OK);
     let parts = body.as_array().unwrap().clone();
-    for p in &parts {
+    // The primary dimension's terms, then every further dimension's.
+    let ledgers = parts.iter().flat_map(|p| {
+        let further = p["dimensions"].as_array().cloned().unwrap_or_default();
+        std::iter::once(p.clone()).chain(further)
+    });
+    for p in ledgers {
+        let p = &p;
         assert_eq!(p["conservation"], "ok", "{p}");
         let side = |side: Side| -> u128 {
             Term::ALL
