@@ -2,13 +2,14 @@
 //! process on the embedded log in a temporary data directory, its policies,
 //! and the conservation check every state-changing test ends with.
 //!
-//! Which binary: `RESERVOIR_TEST_SERVER_BIN` when set; otherwise the test asks
-//! cargo for it once per run (`cargo build --release -p reservoir-server --bin
-//! reservoir`, a no-op when it is fresh, so `cargo test -p reservoir-client`
-//! alone works and never runs a stale server). Cargo links the binary to
-//! `target/release/reservoir`, which every checkout sharing the target
-//! directory overwrites; the test runs the hashed file under `deps/` that is
-//! the same inode right after the build, which belongs to this checkout.
+//! Which binary: `RESERVOIR_TEST_SERVER_BIN` when set; otherwise
+//! `reservoir` beside this test binary's directory (`<target>/release/`), which
+//! `cargo test --release --workspace` (what `scripts/test` runs) builds before
+//! any test starts, from the same checkout. A test never runs cargo itself:
+//! cargo holds the target directory's lock while tests run, so a nested build
+//! would wait for it or, worse, build against other features. Running this
+//! crate's tests alone needs the binary first: `cargo build --release -p
+//! reservoir-server --bin reservoir`.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -25,50 +26,22 @@ pub fn server_bin() -> PathBuf {
         if let Some(bin) = std::env::var_os("RESERVOIR_TEST_SERVER_BIN") {
             return PathBuf::from(bin);
         }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let out = Command::new(cargo)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "reservoir-server",
-                "--bin",
-                "reservoir",
-            ])
-            .args(["--message-format", "json-render-diagnostics"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run cargo build for the reservoir binary");
-        assert!(out.status.success(), "cargo build of reservoir failed");
-        let linked = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .next_back()
-            .expect("cargo named the reservoir executable");
-        pinned(&linked).unwrap_or(linked)
+        let exe = std::env::current_exe().expect("the test binary's path");
+        // <target>/release/deps/client-<hash> → <target>/release/reservoir
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(|release| release.join("reservoir"))
+            .expect("the test binary lives in <target>/release/deps");
+        assert!(
+            bin.is_file(),
+            "{} is missing: build it first with `cargo build --release -p reservoir-server --bin reservoir` \
+             (or set RESERVOIR_TEST_SERVER_BIN)",
+            bin.display()
+        );
+        bin
     })
     .clone()
-}
-
-/// The `deps/reservoir-<hash>` file that `linked` is a hard link of.
-fn pinned(linked: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let ino = std::fs::metadata(linked).ok()?.ino();
-    let deps = linked.parent()?.join("deps");
-    std::fs::read_dir(deps)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("reservoir-")
-                && !name.contains('.')
-                && std::fs::metadata(p)
-                    .map(|m| m.ino() == ino)
-                    .unwrap_or(false)
-        })
 }
 
 /// A `reservoir serve` process on `data_dir`.
