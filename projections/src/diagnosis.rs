@@ -167,6 +167,7 @@ mod tests {
             retry_after_ms: None,
             available_units,
             burst_units: 10_000,
+            dimension: None,
         }
     }
 

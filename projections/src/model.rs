@@ -3,7 +3,11 @@
 //! Values are JSON of these types (field order fixed by the struct, maps are
 //! `BTreeMap`s), so a value's bytes are a pure function of its contents.
 
-use reservoir_core::{Ledger, Partition, PartitionKey, RefusalReason, Reservation, Units};
+use std::collections::BTreeMap;
+
+use reservoir_core::{
+    Dimension, DimensionLimit, Ledger, Partition, PartitionKey, RefusalReason, Reservation, Units,
+};
 use serde::{Deserialize, Serialize};
 
 /// Where the projector stands in one log partition, and the fence state it needs
@@ -62,24 +66,55 @@ pub struct PartitionBalance {
     /// `opening + refill rate × elapsed` (the denominator of utilization).
     pub offered_units: Units,
     pub skipped_events: u64,
+    /// The policy's further dimensions (the fields above are the primary
+    /// one's; `frozen` is any dimension owing). Absent for one dimension.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dimensions: Vec<DimensionBalance>,
+}
+
+/// One further dimension's balance in a partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DimensionBalance {
+    pub dimension: Dimension,
+    pub ledger: Ledger,
+    pub debt_units: Units,
+    pub offered_units: Units,
+}
+
+/// `opening + refill rate × elapsed` of one dimension.
+fn offered(limit: &DimensionLimit, elapsed_ms: u64) -> Units {
+    let refilled = u128::from(limit.refill.units) * u128::from(elapsed_ms)
+        / u128::from(limit.refill.interval_ms.max(1));
+    u64::try_from(u128::from(limit.opening_units) + refilled).unwrap_or(u64::MAX)
 }
 
 impl PartitionBalance {
     pub fn of(p: &PartitionProjection) -> Option<Self> {
         let partition = &p.partition;
         let key = partition.key.clone()?;
-        let offered_units = partition.policy.as_ref().map_or(0, |policy| {
-            let elapsed = partition.last_at_ms.saturating_sub(p.opened_at_ms);
-            let refilled = u128::from(policy.refill.units) * u128::from(elapsed)
-                / u128::from(policy.refill.interval_ms.max(1));
-            u64::try_from(u128::from(policy.opening_units) + refilled).unwrap_or(u64::MAX)
-        });
+        let elapsed = partition.last_at_ms.saturating_sub(p.opened_at_ms);
+        let offered_units = partition
+            .policy
+            .as_ref()
+            .map_or(0, |policy| offered(&policy.limit(0), elapsed));
+        let dimensions: Vec<DimensionBalance> = partition
+            .policy
+            .iter()
+            .flat_map(|policy| policy.dimensions.iter())
+            .zip(&partition.further)
+            .map(|(limit, state)| DimensionBalance {
+                dimension: limit.dimension,
+                ledger: state.ledger,
+                debt_units: state.ledger.debt_units().unwrap_or(0),
+                offered_units: offered(limit, elapsed),
+            })
+            .collect();
         let debt_units = partition.debt_units();
         Some(Self {
             key,
             ledger: partition.ledger,
             debt_units,
-            frozen: debt_units > 0,
+            frozen: debt_units > 0 || dimensions.iter().any(|d| d.debt_units > 0),
             closed: partition.closed,
             quarantined: p.quarantine.is_some(),
             open_reservations: partition.open_reservations as u64,
@@ -89,8 +124,19 @@ impl PartitionBalance {
             last_at_ms: partition.last_at_ms,
             offered_units,
             skipped_events: p.skipped_events,
+            dimensions,
         })
     }
+}
+
+/// One further dimension summed over the partitions of a roll-up (only
+/// partitions whose policy limits that dimension add to it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DimensionRollup {
+    pub partitions: u64,
+    pub debt_units: u64,
+    pub offered_units: u64,
+    pub ledger: Ledger,
 }
 
 /// Balances summed over the partitions of one tenant (subject) or one route.
@@ -104,7 +150,12 @@ pub struct Rollup {
     pub refusals: u64,
     pub debt_units: u64,
     pub offered_units: u64,
+    /// The partitions' primary dimensions (as before dimensions existed).
     pub ledger: Ledger,
+    /// Further dimensions, by dimension: units of one kind are only ever
+    /// summed with units of the same kind.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dimensions: BTreeMap<Dimension, DimensionRollup>,
 }
 
 impl Rollup {
@@ -131,6 +182,19 @@ impl Rollup {
         op(&mut self.offered_units, b.offered_units);
         for (term, total) in self.ledger.terms_mut() {
             op(total, b.ledger.get(term));
+        }
+        for d in &b.dimensions {
+            let r = self.dimensions.entry(d.dimension).or_default();
+            op(&mut r.partitions, 1);
+            op(&mut r.debt_units, d.debt_units);
+            op(&mut r.offered_units, d.offered_units);
+            for (term, total) in r.ledger.terms_mut() {
+                op(total, d.ledger.get(term));
+            }
+            if r.partitions == 0 {
+                // The last partition limiting it left: no empty entry stays.
+                self.dimensions.remove(&d.dimension);
+            }
         }
     }
 
@@ -255,6 +319,10 @@ pub struct Refusal {
     pub requested_units: Units,
     pub reason: RefusalReason,
     pub retry_after_ms: Option<u64>,
+    /// Of the limiting dimension (the primary one when the record names none).
     pub available_units: Units,
     pub burst_units: Units,
+    /// The limiting dimension (absent in refusals logged before dimensions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimension: Option<Dimension>,
 }

@@ -756,12 +756,19 @@ fn derive(
     match &event.body {
         EventBody::PartitionOpened { .. } => proj.opened_at_ms = event.at_ms,
         EventBody::AdmissionRefused {
-            dimension: _,
+            dimension,
             id,
             requested_units,
             reason,
             retry_after_ms,
         } => {
+            // The limiting dimension's numbers (the primary's by default).
+            let index = proj
+                .partition
+                .policy
+                .as_ref()
+                .and_then(|p| p.dimension_index((*dimension)?))
+                .unwrap_or(0);
             let refusal = Refusal {
                 key: key.clone(),
                 at_ms: event.at_ms,
@@ -770,8 +777,13 @@ fn derive(
                 requested_units: *requested_units,
                 reason: *reason,
                 retry_after_ms: *retry_after_ms,
-                available_units: proj.partition.ledger.available_units,
-                burst_units: proj.partition.policy.as_ref().map_or(0, |p| p.burst_units),
+                available_units: proj.partition.ledger_of(index).available_units,
+                burst_units: proj
+                    .partition
+                    .policy
+                    .as_ref()
+                    .map_or(0, |p| p.limit(index).burst_units),
+                dimension: *dimension,
             };
             work.put(
                 store::REFUSALS,
@@ -785,15 +797,28 @@ fn derive(
             usage,
             ..
         } => {
-            let reserved_units = proj
+            let record = proj
                 .partition
                 .reservation(id)
-                .expect("try_apply accepted a settle of this reservation")
-                .reserved_units;
+                .expect("try_apply accepted a settle of this reservation");
             work.histogram(db, store::EFFICIENCY_BY_ROUTE, &key.route)?
-                .observe(*actual_units, reserved_units);
+                .observe(*actual_units, record.reserved_units);
             work.histogram(db, store::EFFICIENCY_BY_TENANT, &key.subject)?
-                .observe(*actual_units, reserved_units);
+                .observe(*actual_units, record.reserved_units);
+            // Each further dimension under `<route or tenant>|<dimension>`
+            // (`|` cannot occur in an id).
+            let dimensions = proj.partition.policy.iter().flat_map(|p| &p.dimensions);
+            for (limit, hold) in dimensions.zip(&record.further) {
+                let actual = hold.actual_units.unwrap_or(0);
+                for (cf, owner) in [
+                    (store::EFFICIENCY_BY_ROUTE, &key.route),
+                    (store::EFFICIENCY_BY_TENANT, &key.subject),
+                ] {
+                    let slot = store::dimension_key(owner, limit.dimension);
+                    work.histogram(db, cf, &slot)?
+                        .observe(actual, hold.reserved_units);
+                }
+            }
             let (model, sample) = output_sample(*actual_units, usage.as_ref());
             let digest_key = store::digest_key(&key.route, model, position.log_partition);
             work.digest(db, digest_key)?.observe(sample);

@@ -264,6 +264,12 @@ pub fn route_digest_prefix(route: &str) -> String {
     format!("{route}|")
 }
 
+/// Key of a further dimension's efficiency histogram: `<route or tenant>|<dimension>`
+/// (the primary dimension's is the bare route or tenant).
+pub fn dimension_key(owner: &str, dimension: reservoir_core::Dimension) -> String {
+    format!("{owner}|{}", dimension.name())
+}
+
 pub fn digest_key(route: &str, model: &str, log_partition: u32) -> String {
     format!("{}{log_partition:010}", digest_prefix(route, model))
 }

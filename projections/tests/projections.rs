@@ -6,6 +6,7 @@ mod projections {
     mod by_id;
     mod crash;
     mod diagnosis;
+    mod dimensions;
     mod keys;
     mod live_vs_rebuilt;
     mod retention;

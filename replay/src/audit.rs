@@ -68,6 +68,9 @@ pub struct Scope {
     pub route: Option<String>,
     pub from: Option<Point>,
     pub to: Option<Point>,
+    /// The dimension the statement is cut in (`--dimension`): partitions whose
+    /// policy does not limit it are left out. Absent: each partition's primary.
+    pub dimension: Option<reservoir_core::Dimension>,
 }
 
 /// Rows an HTML statement holds at most (it is drawn at the end, so its rows
@@ -84,6 +87,8 @@ pub struct Row {
     pub at_ms: u64,
     pub event: &'static str,
     pub reservation: Option<String>,
+    /// The dimension the terms count (`requests`, `input_tokens`, …).
+    pub dimension: &'static str,
     /// Change of every term (signed).
     pub delta: BTreeMap<&'static str, i128>,
     /// Every term after the event.
@@ -202,7 +207,28 @@ impl<'w> Statement<'w> {
         let (from, to) = (&self.scope.from, &self.scope.to);
         let up_to_end = to.as_ref().is_none_or(|p| p.admits_to(lp, offset, at));
         let in_range = from.as_ref().is_none_or(|p| p.admits_from(lp, offset, at)) && up_to_end;
-        let after = a.state.partition.ledger;
+        // The dimension this statement is cut in, in this partition.
+        let partition = &a.state.partition;
+        let index = match (self.scope.dimension, partition.policy.as_ref()) {
+            (None, _) => Some(0),
+            (Some(d), Some(policy)) => policy.dimension_index(d),
+            (Some(_), None) => None,
+        };
+        let Some(index) = index else {
+            return;
+        };
+        let (before, after) = match index {
+            0 => (a.before, partition.ledger),
+            // Absent before the partition opened: all zero.
+            i => (
+                a.before_further.get(i - 1).copied().unwrap_or_default(),
+                *partition.ledger_of(i),
+            ),
+        };
+        let dimension = partition
+            .policy
+            .as_ref()
+            .map_or("", |p| p.limit(index).dimension.name());
         let key_text = a.key.to_string();
         if in_range {
             self.summary.count(&a.event.body);
@@ -212,7 +238,7 @@ impl<'w> Statement<'w> {
         if up_to_end {
             let at_start = &mut self.summary.partitions_at_start;
             if in_range {
-                at_start.entry(key_text.clone()).or_insert(a.before);
+                at_start.entry(key_text.clone()).or_insert(before);
             } else {
                 at_start.insert(key_text.clone(), after);
             }
@@ -239,14 +265,14 @@ impl<'w> Statement<'w> {
             at_ms: at,
             event: a.event.body.type_name(),
             reservation: a.event.body.reservation_id().map(|id| id.to_string()),
-            delta: a
-                .before
+            dimension,
+            delta: before
                 .terms()
                 .filter(|&(t, b)| b != after.get(t))
                 .map(|(t, b)| (t.name(), i128::from(after.get(t)) - i128::from(b)))
                 .collect(),
             balance: after,
-            debt_units: a.state.partition.debt_units(),
+            debt_units: after.debt_units().unwrap_or(0),
             conservation,
         };
         self.row(row);

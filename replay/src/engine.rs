@@ -109,6 +109,8 @@ pub struct Applied<'a> {
     pub event_index: u32,
     pub event: &'a Event,
     pub before: Ledger,
+    /// The further dimensions' ledgers before the event (policy order).
+    pub before_further: Vec<Ledger>,
     pub state: &'a PartState,
 }
 
@@ -269,6 +271,8 @@ impl<'f> Engine<'f> {
                 state.partition.last_sequence = event.sequence - 1;
             }
             let before = state.partition.ledger;
+            let before_further: Vec<Ledger> =
+                state.partition.further.iter().map(|d| d.ledger).collect();
             let result = match &event.body {
                 EventBody::PartitionOpened { key, .. } if *key != record.key => {
                     Err("PartitionOpened names another partition than its record".to_string())
@@ -297,6 +301,7 @@ impl<'f> Engine<'f> {
                         event_index: index as u32,
                         event,
                         before,
+                        before_further,
                         state,
                     });
                     None

@@ -123,6 +123,11 @@ enum Command {
         /// Rows an HTML statement holds at most (it is drawn at the end).
         #[arg(long, default_value_t = audit::HTML_ROWS_MAX_DEFAULT)]
         html_rows_max: usize,
+        /// Cut the statement in one dimension (requests, input_tokens,
+        /// output_tokens, tokens): its terms in every partition that limits
+        /// it. Absent: each partition's primary dimension.
+        #[arg(long, value_parser = parse_dimension)]
+        dimension: Option<reservoir_core::Dimension>,
     },
     /// Balances and reservations as they stood at a point, as deterministic
     /// JSON (the bytes the live projection stores).
@@ -329,6 +334,7 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             format,
             output: path,
             html_rows_max,
+            dimension,
         } => {
             let limit = Point::as_upper(to.as_ref(), &ends);
             let mut engine = Engine::new(source.log_partitions(), cli.strict, limit.until_ms);
@@ -339,6 +345,7 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
                 route,
                 from,
                 to,
+                dimension,
             };
             let mut statement = Statement::new(&mut out, format, scope);
             statement.html_rows_max = html_rows_max;
@@ -541,4 +548,11 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             Ok(engine.findings.is_empty())
         }
     }
+}
+
+/// `--dimension`: one of the dimension names.
+fn parse_dimension(name: &str) -> Result<reservoir_core::Dimension, String> {
+    reservoir_core::Dimension::from_name(name).ok_or_else(|| {
+        format!("{name:?} is not a dimension: requests, input_tokens, output_tokens or tokens")
+    })
 }

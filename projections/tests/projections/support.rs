@@ -338,6 +338,9 @@ pub fn check_conservation<L: EventLog>(projections: &Projections, driver: &Drive
         if !b.quarantined {
             let live = &driver.partitions[&b.key];
             assert_eq!(b.ledger, live.ledger, "{}", b.key);
+            let further: Vec<_> = b.dimensions.iter().map(|d| d.ledger).collect();
+            let live_further: Vec<_> = live.further.iter().map(|d| d.ledger).collect();
+            assert_eq!(further, live_further, "{}", b.key);
             assert_eq!(b.debt_units, live.debt_units());
             assert_eq!(b.last_sequence, live.last_sequence);
         }

@@ -137,3 +137,83 @@ async fn statement_totals_equal_the_projection() {
         .count();
     assert!(later < rows.len() && later > 0);
 }
+
+/// A three-dimension tenant audited in one dimension at a time: every row is
+/// that dimension's terms, balanced, and the totals are the server's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_cut_in_one_dimension() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]).await;
+    let policy = reservoir_core::Policy::example_three_dimensions("dims", "chat", 1);
+    let (status, _) = server
+        .post(
+            "/v1/policies",
+            serde_json::json!({"accounting_epoch": "2026-12", "policy": policy}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    for (id, output) in [("d1", 1_500), ("d2", 30_000)] {
+        let (status, body) = server
+            .post(
+                "/v1/reservations",
+                serde_json::json!({"id": id, "subject": "dims", "route": "chat",
+                    "counted_input_tokens": 700, "max_tokens": 2_000}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        server
+            .post(
+                &format!("/v1/reservations/{id}/start"),
+                serde_json::json!({"operation_id": id}),
+            )
+            .await;
+        let (status, body) = server
+            .post(
+                &format!("/v1/reservations/{id}/settle"),
+                serde_json::json!({"usage": {"reported_input_tokens": 650, "output_tokens": output}}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let partitions = server.get("/v1/partitions").await;
+    server.stop();
+    let live = &partitions.as_array().unwrap()[0];
+    let log_dir = dir.path().join("log");
+    let log = log_dir.to_str().unwrap();
+    for (dimension, live_terms) in [
+        ("requests", live.clone()),
+        ("input_tokens", live["dimensions"][0].clone()),
+        ("output_tokens", live["dimensions"][1].clone()),
+    ] {
+        let out = audit(log, "dims", "jsonl", &["--dimension", dimension]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines = json_lines(&out);
+        let rows: Vec<&Value> = lines.iter().filter(|l| l["kind"] == "event").collect();
+        assert!(!rows.is_empty());
+        for row in &rows {
+            assert_eq!(row["row"]["dimension"], dimension, "{row}");
+            assert_eq!(row["row"]["conservation"], "ok", "{row}");
+        }
+        let summary = &lines.last().unwrap()["summary"];
+        let balances: Ledger = serde_json::from_value(summary["balances"].clone()).unwrap();
+        balances.check().unwrap();
+        for term in Term::ALL {
+            assert_eq!(
+                balances.get(term),
+                live_terms[term.name()].as_u64().unwrap(),
+                "{dimension} {term}"
+            );
+        }
+    }
+    // The output dimension owes what the second call overdrew (less what
+    // refill repaid in the milliseconds since); the others owe nothing.
+    assert!(live["dimensions"][1]["debt_units"].as_u64().unwrap() > 0);
+    assert_eq!(live["dimensions"][0]["debt_units"], 0);
+    let bad = audit(log, "dims", "jsonl", &["--dimension", "cached_tokens"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("not a dimension"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

@@ -16,28 +16,17 @@ use reservoir_projections::{store, Projector, ProjectorConfig};
 use serde_json::{json, Value};
 
 /// The server binary, built next to this test's binary by a workspace build
-/// (`cargo test --workspace` builds it for the server's own tests); built here
-/// otherwise.
+/// (`cargo test --workspace` builds it for the server's own tests). A test
+/// never runs cargo itself: cargo holds the target lock while tests run.
 pub fn server_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let bin = dir.join("reservoir");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "reservoir-server",
-                "--bin",
-                "reservoir",
-            ])
-            .status()
-            .expect("run cargo build for the server binary");
-        assert!(status.success(), "building the reservoir binary failed");
-    }
-    assert!(bin.exists(), "no server binary at {}", bin.display());
+    assert!(
+        bin.exists(),
+        "no server binary at {}: build it first with `cargo build --release -p reservoir-server --bin reservoir`",
+        bin.display()
+    );
     bin
 }
 

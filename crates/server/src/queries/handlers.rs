@@ -135,7 +135,9 @@ pub async fn route_estimate(
 
 /// Reservation efficiency (settled ÷ reserved) of a route.
 #[utoipa::path(get, path = "/v1/routes/{route}/efficiency",
-    params(("route" = String, Path, description = "percent-encode any `/`"), MinPosition, WaitMs),
+    params(("route" = String, Path, description = "percent-encode any `/`"),
+        ("dimension" = Option<String>, Query, description = "a further dimension (requests, input_tokens, output_tokens, tokens); absent: the primary one"),
+        MinPosition, WaitMs),
     responses(
         (status = 200, body = EfficiencyView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
@@ -143,12 +145,15 @@ pub async fn route_estimate(
     ))]
 pub async fn route_efficiency(
     Projected {
-        value: route, live, ..
-    }: Projected,
+        value: route,
+        live,
+        rest,
+        ..
+    }: Projected<EfficiencyParams>,
 ) -> Result<Response, ApiError> {
     let h = live
         .projections
-        .efficiency_by_route(&route)
+        .efficiency_by_route(&efficiency_key(&route, &rest)?)
         .map_err(store_failure)?;
     let at = projected_to(&live)?;
     Ok(Json(efficiency_view("route", route, &h, at)).into_response())
@@ -156,7 +161,9 @@ pub async fn route_efficiency(
 
 /// Reservation efficiency (settled ÷ reserved) of a tenant.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/efficiency",
-    params(("tenant" = String, Path), MinPosition, WaitMs),
+    params(("tenant" = String, Path),
+        ("dimension" = Option<String>, Query, description = "a further dimension (requests, input_tokens, output_tokens, tokens); absent: the primary one"),
+        MinPosition, WaitMs),
     responses(
         (status = 200, body = EfficiencyView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
@@ -166,12 +173,13 @@ pub async fn tenant_efficiency(
     Projected {
         value: tenant,
         live,
+        rest,
         ..
-    }: Projected,
+    }: Projected<EfficiencyParams>,
 ) -> Result<Response, ApiError> {
     let h = live
         .projections
-        .efficiency_by_tenant(&tenant)
+        .efficiency_by_tenant(&efficiency_key(&tenant, &rest)?)
         .map_err(store_failure)?;
     let at = projected_to(&live)?;
     Ok(Json(efficiency_view("tenant", tenant, &h, at)).into_response())

@@ -155,6 +155,35 @@ impl ExtraParams for EstimateParams {
     const NAMES: &'static [&'static str] = &["model", "min_samples"];
 }
 
+/// `/v1/{routes,tenants}/{id}/efficiency`: `dimension` (a further dimension's
+/// histogram; absent: the primary dimension's).
+pub struct EfficiencyParams;
+impl ExtraParams for EfficiencyParams {
+    const NAMES: &'static [&'static str] = &["dimension"];
+}
+
+/// The histogram key of `owner`'s efficiency in the `dimension` parameter's
+/// dimension (400 for a name that is not one), or the bare owner.
+pub(super) fn efficiency_key(
+    owner: &str,
+    rest: &BTreeMap<String, String>,
+) -> Result<String, ApiError> {
+    match rest.get("dimension") {
+        None => Ok(owner.to_string()),
+        Some(name) => reservoir_core::Dimension::from_name(name)
+            .map(|d| reservoir_projections::store::dimension_key(owner, d))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_parameter",
+                    format!(
+                        "dimension must be requests, input_tokens, output_tokens or tokens, not {name:?}"
+                    ),
+                )
+            }),
+    }
+}
+
 /// The opening every query handler shares: the path's identifier (non-empty,
 /// no `|`), the consistency parameters and the endpoint's own (`E`; anything
 /// else is a 400), and the projection once it reached `min_position` (or a

@@ -157,6 +157,29 @@ async fn one_reservation_holds_every_dimension_and_the_headers_say_what_is_left(
         "cache reads count"
     );
     assert_eq!(settled["dimensions"][1]["overdraft_units"], 3_000);
+    // The route's efficiency in output tokens alone, once projected.
+    let at = format!(
+        "{}:{}",
+        settled["log_position"]["log_partition"], settled["log_position"]["offset"]
+    );
+    let (status, eff) = server
+        .get(&format!(
+            "/v1/routes/chat.generate/efficiency?dimension=output_tokens&min_position={at}"
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{eff}");
+    assert_eq!(
+        (
+            &eff["samples"],
+            &eff["settled_units"],
+            &eff["reserved_units"]
+        ),
+        (&json!(1), &json!(23_000), &json!(2_000))
+    );
+    let (status, problem) = server
+        .get("/v1/routes/chat.generate/efficiency?dimension=cached_tokens")
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
     let p = partition(&server, "t-dims").await;
     assert_eq!(
         books(&p),
