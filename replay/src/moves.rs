@@ -25,10 +25,13 @@ struct Half {
     debt_units: u128,
 }
 
-/// The halves seen so far, by (subject, route, move id).
+/// A move's key: (subject, route, move id).
+type MoveKey = (String, String, MoveId);
+
+/// The halves seen so far: (left, arrived).
 #[derive(Default)]
 pub struct Moves {
-    halves: BTreeMap<(String, String, MoveId), (Option<Half>, Option<Half>)>,
+    halves: BTreeMap<MoveKey, (Option<Half>, Option<Half>)>,
 }
 
 fn totals(units: Units, debt_units: Units, further: &[DimensionAmounts]) -> (u128, u128) {

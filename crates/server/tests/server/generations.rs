@@ -46,7 +46,7 @@ fn assert_moves_pair(parts: &[Value], subject: &str, route: &str) {
     }
 }
 
-fn generation<'a>(parts: &'a [Value], g: u64) -> &'a Value {
+fn generation(parts: &[Value], g: u64) -> &Value {
     parts
         .iter()
         .find(|p| p["policy_generation"] == g)
