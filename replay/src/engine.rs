@@ -151,6 +151,8 @@ pub struct Engine<'f> {
     pub partitions: FxHashMap<PartitionKey, PartState>,
     pub findings: Vec<Finding>,
     pub stats: Stats,
+    /// Every move half applied, checked pairwise once the log is read.
+    pub moves: crate::moves::Moves,
     validity: Vec<Validity>,
 }
 
@@ -163,6 +165,7 @@ impl<'f> Engine<'f> {
             partitions: FxHashMap::default(),
             findings: Vec::new(),
             stats: Stats::default(),
+            moves: crate::moves::Moves::default(),
             validity: vec![Validity::default(); log_partitions as usize],
         }
     }
@@ -295,6 +298,7 @@ impl<'f> Engine<'f> {
                     if let EventBody::PartitionOpened { .. } = event.body {
                         state.opened_at_ms = event.at_ms;
                     }
+                    self.moves.note(position, &record.key, index as u32, event);
                     visit.event(Applied {
                         position,
                         key: &record.key,
@@ -341,6 +345,10 @@ pub async fn run(
                 Ok(())
             })
             .await?;
+    }
+    // Moves pair across partitions: checked once every half could be seen.
+    for finding in engine.moves.findings() {
+        engine.report(finding)?;
     }
     Ok(())
 }

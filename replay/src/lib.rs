@@ -29,6 +29,7 @@ mod chart;
 pub mod engine;
 pub mod export;
 pub mod html;
+pub mod moves;
 pub mod progress;
 pub mod source;
 pub mod state;

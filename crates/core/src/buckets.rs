@@ -134,14 +134,17 @@ pub(crate) fn after_refill(
 /// which that dimension, with no other traffic, admits the reserve: refill
 /// repays its debt first and then covers the shortfall. Where the shortfall is
 /// more than refill can add below the burst (open reservations hold the
-/// rest), it is at least the policy's hold TTL, by which every reservation
-/// unstarted now has been started, released or expired. The rejection names
-/// the dimension with that latest time (among the owing ones, for a debt
-/// refusal).
+/// rest), it is the earliest moment enough of those reservations' leases
+/// expire ([`Lease`], `leases(i)`) that refill covers what is still missing;
+/// when even every unstarted lease expiring is not enough (started calls hold
+/// the rest, and only their settle frees it), the policy's hold TTL. The
+/// rejection names the dimension with that latest time (among the owing ones,
+/// for a debt refusal).
 pub(crate) fn admission(
     policy: &Policy,
     units: &[Units],
     buckets: &[Bucket],
+    leases: &dyn Fn(usize) -> Vec<Lease>,
 ) -> Result<(), Rejection> {
     for (i, &requested_units) in units.iter().enumerate() {
         let limit = policy.limit(i);
@@ -157,7 +160,7 @@ pub(crate) fn admission(
     // Per refusing dimension: (index, wait; `None` = never).
     let waits: Vec<(usize, Option<u64>)> = (0..units.len())
         .filter(|&i| buckets[i].debt > 0 || units[i] > buckets[i].available)
-        .map(|i| (i, wait_ms(policy, i, units[i], &buckets[i])))
+        .map(|i| (i, wait_ms(policy, i, units[i], &buckets[i], &leases(i))))
         .collect();
     // `None` (never) sorts after every time.
     let order = |ms: Option<u64>| ms.map_or(u128::MAX, u128::from);
@@ -187,8 +190,22 @@ pub(crate) fn admission(
     })
 }
 
+/// An unstarted reservation's hold in one dimension: what its lease expiry
+/// gives back, and in how many ms from now (0 when already past).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub expires_in_ms: u64,
+    pub held_units: Units,
+}
+
 /// When dimension `i` admits `units` with no other traffic (see [`admission`]).
-fn wait_ms(policy: &Policy, i: usize, units: Units, bucket: &Bucket) -> Option<u64> {
+fn wait_ms(
+    policy: &Policy,
+    i: usize,
+    units: Units,
+    bucket: &Bucket,
+    leases: &[Lease],
+) -> Option<u64> {
     let limit = policy.limit(i);
     let shortfall = units.saturating_sub(bucket.available);
     let room = limit
@@ -196,10 +213,33 @@ fn wait_ms(policy: &Policy, i: usize, units: Units, bucket: &Bucket) -> Option<u
         .saturating_sub(bucket.available.saturating_add(bucket.reserved));
     let refill = |needed: Units| limit.refill.time_to_credit(needed, bucket.remainder);
     if shortfall <= room {
-        refill(bucket.debt.saturating_add(shortfall))
-    } else {
-        let filled = refill(bucket.debt.saturating_add(room))?;
-        Some(filled.max(policy.hold_ttl_ms))
+        return refill(bucket.debt.saturating_add(shortfall));
+    }
+    // An expiry gives its held units back to `available` (the room below the
+    // burst does not change), so after the first k expiries refill must cover
+    // `shortfall - freed`, which must fit in `room`. The answer is the best k.
+    let mut leases = leases.to_vec();
+    leases.sort_by_key(|l| l.expires_in_ms);
+    let mut freed: Units = 0;
+    let mut best: Option<u64> = None;
+    for lease in leases {
+        freed = freed.saturating_add(lease.held_units);
+        let missing = shortfall.saturating_sub(freed);
+        if missing > room {
+            continue;
+        }
+        let Some(refilled) = refill(bucket.debt.saturating_add(missing)) else {
+            continue;
+        };
+        let at = refilled.max(lease.expires_in_ms);
+        best = Some(best.map_or(at, |b| b.min(at)));
+    }
+    match best {
+        Some(at) => Some(at),
+        None => {
+            let filled = refill(bucket.debt.saturating_add(room))?;
+            Some(filled.max(policy.hold_ttl_ms))
+        }
     }
 }
 

@@ -14,6 +14,12 @@ pub enum Command {
     /// Open the partition under a published policy. Repeating it with the same
     /// policy is a no-op; with a different one, a rejection.
     OpenPartition { key: PartitionKey, policy: Policy },
+    /// Open a later partition of a subject/route (a new generation, a
+    /// rollback, the next accounting epoch) with nothing in any dimension:
+    /// only a subject/route's first partition opens with `opening_units`,
+    /// later ones receive capacity and debt by a move from the one before
+    /// (see [`crate::ledger`]), so publishing never mints.
+    OpenSuccessor { key: PartitionKey, policy: Policy },
     /// Hold `units` for a call. The id is the idempotency key.
     Reserve {
         id: ReservationId,

@@ -81,7 +81,8 @@ fn decide_with(
         .into());
     }
     let facts = match command {
-        Command::OpenPartition { key, policy } => open(partition, key, policy),
+        Command::OpenPartition { key, policy } => open(partition, key, policy, Opening::First),
+        Command::OpenSuccessor { key, policy } => open(partition, key, policy, Opening::Successor),
         _ => {
             let policy = partition
                 .policy
@@ -211,7 +212,23 @@ fn check_units(units: Units) -> Result<(), InvalidInput> {
     }
 }
 
-fn open(partition: &Partition, key: &crate::types::PartitionKey, policy: &Policy) -> Decision {
+/// Whether a partition opens with the policy's `opening_units` or empty.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    First,
+    Successor,
+}
+
+fn open(
+    partition: &Partition,
+    key: &crate::types::PartitionKey,
+    policy: &Policy,
+    opening: Opening,
+) -> Decision {
+    let opened = |units: Units| match opening {
+        Opening::First => units,
+        Opening::Successor => 0,
+    };
     key.validate()?;
     policy.validate()?;
     if key.subject != policy.subject
@@ -225,22 +242,38 @@ fn open(partition: &Partition, key: &crate::types::PartitionKey, policy: &Policy
         .into());
     }
     match (&partition.key, &partition.policy) {
-        (Some(k), Some(p)) if k == key && p == policy => Ok(vec![]),
+        (Some(k), Some(p))
+            if k == key && p == policy && partition_opened_as(partition, opening) =>
+        {
+            Ok(vec![])
+        }
         (Some(_), _) => Err(Rejection::PartitionExistsWithDifferentPolicy),
         _ => Ok(vec![Fact {
             body: EventBody::PartitionOpened {
                 key: key.clone(),
                 policy: policy.clone(),
-                opening_units: policy.opening_units,
+                opening_units: opened(policy.opening_units),
             },
             further: policy
                 .dimensions
                 .iter()
                 .map(|l| DimensionAmounts::Opened {
-                    opening_units: l.opening_units,
+                    opening_units: opened(l.opening_units),
                 })
                 .collect(),
         }]),
+    }
+}
+
+/// Whether an open partition was opened the way `opening` asks: a
+/// successor with nothing, a first partition with its policy's opening
+/// (the same for a policy that opens with nothing).
+fn partition_opened_as(partition: &Partition, opening: Opening) -> bool {
+    let opened = partition.ledger.opening_units;
+    let policy_opening = partition.policy.as_ref().map_or(0, |p| p.opening_units);
+    match opening {
+        Opening::First => opened == policy_opening,
+        Opening::Successor => opened == 0,
     }
 }
 
@@ -280,7 +313,9 @@ fn decide_open(
 ) -> Decision {
     let partition = records.partition;
     match command {
-        Command::OpenPartition { .. } => unreachable!("handled by decide"),
+        Command::OpenPartition { .. } | Command::OpenSuccessor { .. } => {
+            unreachable!("handled by decide")
+        }
         Command::Reserve {
             id,
             digest,
@@ -324,7 +359,8 @@ fn decide_open(
             let all_units: Vec<Units> = std::iter::once(*units)
                 .chain(further_units.iter().copied())
                 .collect();
-            let verdict = buckets::admission(policy, &all_units, &after);
+            let leases = |i: usize| unstarted_leases(partition, i, now);
+            let verdict = buckets::admission(policy, &all_units, &after, &leases);
             let (holds, shadow) = match (verdict, policy.shadow_mode) {
                 (Ok(()), false) => (true, None),
                 (Ok(()), true) => (true, Some(ShadowVerdict::WouldAdmit)),
@@ -703,6 +739,28 @@ fn decide_open(
             }])
         }
     }
+}
+
+/// The holds of `partition`'s unstarted reservations in dimension `i`, with
+/// the time to their lease expiry (the sweeper's due expiry frees them).
+fn unstarted_leases(partition: &Partition, i: usize, now: TimestampMs) -> Vec<buckets::Lease> {
+    partition
+        .reservations
+        .values()
+        .filter(|r| {
+            matches!(
+                r.state,
+                ReservationState::Reserved | ReservationState::Expiring
+            )
+        })
+        .map(|r| buckets::Lease {
+            expires_in_ms: r.expires_at_ms.saturating_sub(now),
+            held_units: match i {
+                0 => r.held_units,
+                i => r.further.get(i - 1).map_or(0, |h| h.held_units),
+            },
+        })
+        .collect()
 }
 
 /// The units of moves' further amounts, in order.

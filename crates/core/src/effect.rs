@@ -206,7 +206,10 @@ pub(crate) fn next_further(
     {
         dimension_effect(&mut state.ledger, body, amounts)?;
         match *amounts {
-            DimensionAmounts::Opened { opening_units } if opening_units != limit.opening_units => {
+            // A successor opens every dimension with nothing.
+            DimensionAmounts::Opened { opening_units }
+                if opening_units != limit.opening_units && opening_units != 0 =>
+            {
                 return Err(ApplyError::Inconsistent(
                     "opening units differ from the policy",
                 ));

@@ -126,6 +126,28 @@ pub(crate) fn sub(a: Units, b: Units) -> Result<Units, ApplyError> {
 }
 
 impl Partition {
+    /// A closed partition with nothing left to give onward: nothing reserved
+    /// and no debt in any dimension, and no emergency shard issued (shard
+    /// reconciliation is recorded in the partition that remints, so one that
+    /// issued shards is never reported drained here). Its `available` may be
+    /// above zero only where the partition after it had no room below its
+    /// burst for it (see `MovedOut`): closed, so never admitted again.
+    pub fn drained(&self) -> bool {
+        self.closed
+            && self.open_reservations == 0
+            && self.shards_issued.is_empty()
+            && self
+                .ledgers()
+                .all(|l| l.reserved_units == 0 && l.debt_units() == Some(0))
+    }
+
+    /// What a move onward takes from this partition in dimension `i`: all of
+    /// its `available`, limited to `room_units` (the next partition's room
+    /// below its burst); the debt always moves whole.
+    pub fn movable_units(&self, i: usize, room_units: Units) -> Units {
+        self.ledger_of(i).available_units.min(room_units)
+    }
+
     pub fn is_open(&self) -> bool {
         self.policy.is_some()
     }
@@ -676,8 +698,9 @@ fn check_other(p: &Partition, body: &EventBody) -> Result<(), ApplyError> {
             if p.is_open() {
                 return Err(ApplyError::AlreadyOpen);
             }
-            if *opening_units != policy.opening_units || key.policy_generation != policy.generation
-            {
+            // A successor opens with nothing (`Command::OpenSuccessor`).
+            let opening_ok = *opening_units == policy.opening_units || *opening_units == 0;
+            if !opening_ok || key.policy_generation != policy.generation {
                 return Err(ApplyError::Inconsistent(
                     "opening units or generation differ from the policy",
                 ));

@@ -12,6 +12,8 @@ mod harness;
 
 #[path = "core/dimensions.rs"]
 mod dimensions;
+#[path = "core/generations.rs"]
+mod generations;
 #[path = "core/idempotency.rs"]
 mod idempotency;
 #[path = "core/invalid.rs"]

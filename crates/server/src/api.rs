@@ -32,6 +32,10 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/policies", post(publish_policy))
         .route("/v1/policies/{subject}/{route}", get(get_policy))
+        .route(
+            "/v1/policies/{subject}/{route}/rollback",
+            post(rollback_policy),
+        )
         .route("/v1/reservations", post(reserve))
         .route("/v1/reservations/{id}", get(get_reservation))
         .route("/v1/reservations/{id}/start", post(start))
@@ -430,6 +434,75 @@ pub async fn publish_policy(
     }
 }
 
+/// `POST /v1/policies/{subject}/{route}/rollback`.
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackBody {
+    /// The generation the rollback creates (above every one so far); by
+    /// default the active one + 1. Naming it makes a retried rollback
+    /// idempotent: once that generation runs, the same call answers 200.
+    #[serde(default)]
+    pub generation: Option<u64>,
+}
+
+/// Roll back: the generation below the active one runs again, as a new,
+/// higher generation (generations only increase). The rolled-back partition
+/// stops admitting, moves its capacity and debt into the new one, and keeps
+/// settling, releasing and expiring its reservations until it is drained.
+#[utoipa::path(post, path = "/v1/policies/{subject}/{route}/rollback", request_body = RollbackBody,
+    params(("subject" = String, Path), ("route" = String, Path, description = "percent-encode any `/`")),
+    responses(
+        (status = 201, description = "The earlier policy runs as the new generation", body = PublishedPolicy),
+        (status = 200, description = "That rollback already ran", body = PublishedPolicy),
+        (status = 404, description = "No policy published", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing to roll back to, or the generation is not above the active one", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn rollback_policy(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    ApiJson(body): ApiJson<RollbackBody>,
+) -> Result<Response, ApiError> {
+    let writers = state.writers()?;
+    let Path((subject, route)) =
+        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
+    let shard = reservoir_core::PartitionKey::new(subject.clone(), route.clone(), "e", 0)
+        .map(|k| writers.shard_of_key(&k))
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_input",
+                e.to_string(),
+            )
+        })?;
+    let request = Request::Rollback {
+        subject,
+        route,
+        generation: body.generation,
+    };
+    match writers.call(shard, request).await? {
+        Answer::Published {
+            key,
+            created,
+            position,
+        } => {
+            let status = match created {
+                true => StatusCode::CREATED,
+                false => StatusCode::OK,
+            };
+            let body = PublishedPolicy {
+                partition_key: (&key).into(),
+                log_position: position.map(LogPosition::from),
+            };
+            Ok((status, Json(body)).into_response())
+        }
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("unexpected answer {other:?}"),
+        )),
+    }
+}
+
 /// The active policy of a subject and route, with its accounting epoch.
 #[utoipa::path(get, path = "/v1/policies/{subject}/{route}",
     params(("subject" = String, Path), ("route" = String, Path, description = "percent-encode any `/`")),
@@ -793,6 +866,7 @@ async fn openapi_json() -> impl IntoResponse {
     paths(
         publish_policy,
         get_policy,
+        rollback_policy,
         reserve,
         start,
         settle,
@@ -816,6 +890,7 @@ async fn openapi_json() -> impl IntoResponse {
         ReleaseBody,
         PublishPolicy,
         PublishedPolicy,
+        RollbackBody,
         ActivePolicy,
         PartitionKeyView,
         PolicyDoc,

@@ -180,6 +180,7 @@ impl From<Failure> for ApiError {
             Failure::Sizing(SizingFailure::Invalid(why)) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", why)
             }
+            Failure::Conflict { code, detail } => ApiError::new(StatusCode::CONFLICT, code, detail),
             Failure::Unavailable(why) => ApiError::unavailable(why),
             Failure::Internal(why) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", why)

@@ -239,6 +239,13 @@ pub struct PartitionView {
     pub accounting_epoch: String,
     pub policy_generation: u64,
     pub closed: bool,
+    /// Closed, with nothing reserved, no debt and no shard issued: nothing
+    /// more will move out of it ([`reservoir_core::Partition::drained`]).
+    pub drained: bool,
+    /// Capacity moves recorded, each direction (generation switches,
+    /// rollbacks, draining).
+    pub moves_out: u64,
+    pub moves_in: u64,
     pub last_sequence: u64,
     /// The terms; `conservation` here is the full check (the equation and
     /// reserved = Σ held over open reservations): `ok` or the error.
@@ -281,6 +288,9 @@ impl From<&PartitionStatus> for PartitionView {
             accounting_epoch: key.accounting_epoch.clone(),
             policy_generation: key.policy_generation,
             closed: p.closed,
+            drained: p.drained(),
+            moves_out: p.moves_out.len() as u64,
+            moves_in: p.moves_in.len() as u64,
             last_sequence: p.last_sequence,
             ledger: LedgerView {
                 terms: p.ledger,

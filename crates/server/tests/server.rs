@@ -24,6 +24,8 @@ mod dashboard;
 mod dimensions;
 #[path = "server/failures.rs"]
 mod failures;
+#[path = "server/generations.rs"]
+mod generations;
 #[path = "server/idempotency.rs"]
 mod idempotency;
 #[path = "server/kafka.rs"]

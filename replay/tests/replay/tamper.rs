@@ -293,3 +293,86 @@ async fn export_writes_jsonl_and_an_avro_container() {
         .all(|e| (10..=20).contains(&e["offset"].as_u64().unwrap())));
     assert!(!ranged.is_empty());
 }
+
+/// A generation switch moves capacity as a pair; a log with one half removed,
+/// or with the arriving half altered, is found and located by the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_move_is_found_and_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]).await;
+    for generation in [1, 2] {
+        let mut p = policy("acme", "chat", 0);
+        p.generation = generation;
+        let body = serde_json::json!({"accounting_epoch": "2026-07", "policy": p});
+        let (status, body) = server.post("/v1/policies", body).await;
+        assert_eq!(status, 201, "{body}");
+        if generation == 1 {
+            let r =
+                serde_json::json!({"id": "r1", "subject": "acme", "route": "chat", "units": 300});
+            let (status, body) = server.post("/v1/reservations", r).await;
+            assert_eq!(status, 201, "{body}");
+        }
+    }
+    server.stop();
+    let log_dir = dir.path().join("log");
+    let clean = audit_findings(&log_dir, true);
+    assert_eq!(clean.0, Some(0), "the untouched log is clean: {}", clean.2);
+    let moved = |b: &EventBody, kind: &str| b.type_name() == kind;
+
+    // 1. The arriving half removed (later entries moved up).
+    let removed = tampered_copy(&log_dir, "move-half-removed");
+    let out_offset = {
+        let db = open(&removed);
+        let (out_offset, _) = find(&db, |b| moved(b, "MovedOut"));
+        let (in_offset, _) = find(&db, |b| moved(b, "MovedIn"));
+        assert!(in_offset > out_offset, "the halves are appended in order");
+        let all = entries(&db);
+        let cf = db.cf_handle(ENTRIES_CF).unwrap();
+        let mut batch = rocksdb::WriteBatch::default();
+        batch.delete_cf(cf, all.last().unwrap().0.to_be_bytes());
+        for (offset, value) in all.iter().filter(|(o, _)| *o > in_offset) {
+            batch.put_cf(cf, (offset - 1).to_be_bytes(), value);
+        }
+        db.write(batch).unwrap();
+        out_offset
+    };
+    let (code, findings, _) = audit_findings(&removed, false);
+    assert_eq!(code, Some(1));
+    let f = findings
+        .iter()
+        .find(|f| f["kind"] == "move_unpaired")
+        .unwrap_or_else(|| panic!("an unpaired move: {findings:?}"));
+    assert_eq!(f["offset"].as_u64(), Some(out_offset), "{f}");
+    assert_eq!(f["partition"], ACME);
+
+    // 2. The arriving half altered: 100 more units arrive than left.
+    let altered = tampered_copy(&log_dir, "move-altered");
+    let in_offset = {
+        let db = open(&altered);
+        let (offset, value) = find(&db, |b| moved(b, "MovedIn"));
+        let LogEntry::Record(mut record) = codec::decode(&value).unwrap() else {
+            unreachable!()
+        };
+        for e in &mut record.events {
+            if let EventBody::MovedIn { units, .. } = &mut e.body {
+                *units += 100;
+            }
+        }
+        let bytes = codec::encode(&LogEntry::Record(record)).unwrap();
+        db.put_cf(
+            db.cf_handle(ENTRIES_CF).unwrap(),
+            offset.to_be_bytes(),
+            bytes,
+        )
+        .unwrap();
+        offset
+    };
+    let (code, findings, _) = audit_findings(&altered, false);
+    assert_eq!(code, Some(1));
+    let f = findings
+        .iter()
+        .find(|f| f["kind"] == "move_mismatch")
+        .unwrap_or_else(|| panic!("a mismatched move: {findings:?}"));
+    assert_eq!(f["offset"].as_u64(), Some(in_offset), "{f}");
+    assert_eq!(f["partition"], "acme|chat|2026-07|g2");
+}

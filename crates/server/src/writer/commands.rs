@@ -33,6 +33,11 @@ impl Shard {
     pub(super) fn decide_one(&mut self, batch: &mut Batch, request: Request) -> Pending {
         match request {
             Request::Publish { key, policy } => self.publish(batch, key, policy),
+            Request::Rollback {
+                subject,
+                route,
+                generation,
+            } => self.rollback(batch, subject, route, generation),
             Request::GetPolicy { subject, route } => Pending::Ready(
                 self.active_policy(&subject, &route)
                     .map(|(key, policy)| Answer::Policy {
@@ -88,7 +93,7 @@ impl Shard {
 
     /// The writer's `now` for a partition: the clock, never behind the
     /// partition's last event (so time recorded in the log never goes back).
-    fn now_for(&self, key: &PartitionKey) -> TimestampMs {
+    pub(super) fn now_for(&self, key: &PartitionKey) -> TimestampMs {
         let last = self
             .state
             .partitions
@@ -300,56 +305,170 @@ impl Shard {
         }
     }
 
+    /// A publish: the first partition of a subject/route opens with its
+    /// policy's `opening_units`; a later one (a higher generation) opens
+    /// empty, the active one is closed for admission, and its capacity and
+    /// debt move into the new one ([`super::moves`]), all in this batch.
+    /// Generations only increase: a lower or equal one is refused.
     fn publish(&mut self, batch: &mut Batch, key: PartitionKey, policy: Policy) -> Pending {
-        let now = self.now_for(&key);
-        let current = self.state.partitions.get(&key).map(|ps| &ps.partition);
-        let empty = Partition::default();
-        let command = Command::OpenPartition {
-            key: key.clone(),
-            policy,
-        };
-        match decide(current.unwrap_or(&empty), &command, now) {
-            Ok(events) if events.is_empty() => {
-                let position = self
-                    .state
-                    .partitions
-                    .get(&key)
-                    .and_then(|ps| ps.opened_at)
-                    .map(PositionFrom::Known);
-                Pending::Published {
+        if let Some(current) = self.state.partitions.get(&key) {
+            // A repeat: the same policy is the same answer; another one is refused.
+            return match current.partition.policy.as_ref() == Some(&policy) {
+                true => Pending::Published {
                     key,
                     created: false,
-                    position,
-                }
+                    position: current.opened_at.map(PositionFrom::Known),
+                },
+                false => Pending::Ready(Err(Failure::Rejected {
+                    rejection: Rejection::PartitionExistsWithDifferentPolicy,
+                    policy_generation: Some(key.policy_generation),
+                    capacity_unit: None,
+                    limits: None,
+                })),
+            };
+        }
+        let sr = (key.subject.clone(), key.route.clone());
+        let previous = self.state.active.get(&sr).cloned();
+        if let Some(active) = &previous {
+            if key.policy_generation <= active.policy_generation {
+                return Pending::Ready(Err(Failure::Conflict {
+                    code: "generation_not_higher",
+                    detail: format!(
+                        "generation {} is not above the active generation {}: generations only increase (publish a higher one, or roll back)",
+                        key.policy_generation, active.policy_generation
+                    ),
+                }));
             }
-            Ok(events) => {
-                let sr = (key.subject.clone(), key.route.clone());
-                let previous = self.state.active.get(&sr).cloned();
-                let record = self.commit_speculatively(batch, &key, events);
-                batch.undo.push(Undo::Active(sr.clone(), previous.clone()));
-                self.state.active.insert(sr, key.clone());
-                // The superseded generation stops admitting; its reservations still finish.
-                if let Some(old) = previous.filter(|old| *old != key) {
-                    let old_now = self.now_for(&old);
-                    let old_partition = &self.state.partitions[&old].partition;
-                    if let Ok(events) = decide(old_partition, &Command::Close, old_now) {
-                        if !events.is_empty() {
-                            self.commit_speculatively(batch, &old, events);
-                        }
-                    }
-                }
-                Pending::Published {
-                    key,
-                    created: true,
-                    position: Some(PositionFrom::Record(record)),
-                }
+        }
+        let command = match previous {
+            None => Command::OpenPartition {
+                key: key.clone(),
+                policy,
+            },
+            Some(_) => Command::OpenSuccessor {
+                key: key.clone(),
+                policy,
+            },
+        };
+        let now = self.now_for(&key);
+        let events = match decide(&Partition::default(), &command, now) {
+            Ok(events) => events,
+            Err(rejection) => {
+                return Pending::Ready(Err(Failure::Rejected {
+                    rejection,
+                    policy_generation: Some(key.policy_generation),
+                    capacity_unit: None,
+                    limits: None,
+                }))
             }
-            Err(rejection) => Pending::Ready(Err(Failure::Rejected {
-                rejection,
-                policy_generation: Some(key.policy_generation),
-                capacity_unit: None,
-                limits: None,
-            })),
+        };
+        let record = self.commit_speculatively(batch, &key, events);
+        batch.undo.push(Undo::Active(sr.clone(), previous.clone()));
+        self.state.active.insert(sr, key.clone());
+        if let Some(old) = previous {
+            if let Err(failure) = self.supersede(batch, &old, &key) {
+                return Pending::Ready(Err(failure));
+            }
+        }
+        Pending::Published {
+            key,
+            created: true,
+            position: Some(PositionFrom::Record(record)),
+        }
+    }
+
+    /// The superseded partition: refilled up to now (the refill it earned is
+    /// not lost), closed for admission, and its capacity and debt moved to
+    /// `next`. Its reservations still finish there, and what they give back
+    /// follows (`drain_onward`).
+    fn supersede(
+        &mut self,
+        batch: &mut Batch,
+        old: &PartitionKey,
+        next: &PartitionKey,
+    ) -> Result<(), Failure> {
+        for command in [Command::Refill, Command::Close] {
+            let now = self.now_for(old);
+            let events = decide(&self.state.partitions[old].partition, &command, now)
+                .map_err(|r| Failure::Internal(format!("superseding {old}: {r}")))?;
+            if !events.is_empty() {
+                self.commit_speculatively(batch, old, events);
+            }
+        }
+        let paused = super::moves::failpoint_between_halves();
+        if paused {
+            batch.pause_after = true;
+        }
+        self.move_onward(batch, old, next, !paused)
+    }
+
+    /// A rollback: the generation below the active one runs again, as a new
+    /// generation above every one so far (`generation`, by default the
+    /// active one + 1), published like any other, so the rolled-back
+    /// partition is closed and drains into it.
+    pub(super) fn rollback(
+        &mut self,
+        batch: &mut Batch,
+        subject: String,
+        route: String,
+        generation: Option<u64>,
+    ) -> Pending {
+        let Some(active) = self
+            .state
+            .active
+            .get(&(subject.clone(), route.clone()))
+            .cloned()
+        else {
+            return Pending::Ready(Err(Failure::NoPolicy));
+        };
+        let previous = self
+            .state
+            .partitions
+            .iter()
+            .filter(|(k, _)| {
+                k.subject == subject
+                    && k.route == route
+                    && k.policy_generation < active.policy_generation
+            })
+            .max_by_key(|(k, _)| (k.policy_generation, k.accounting_epoch.clone()))
+            .and_then(|(_, ps)| ps.partition.policy.clone());
+        let generation = generation.unwrap_or(active.policy_generation.saturating_add(1));
+        let Some(mut policy) = previous else {
+            // A repeated rollback whose generation already runs is answered as done.
+            return match self.state.active.get(&(subject, route)) {
+                Some(k) if k.policy_generation == generation => self.publish_repeat(k.clone()),
+                _ => Pending::Ready(Err(Failure::Conflict {
+                    code: "no_previous_generation",
+                    detail: format!(
+                        "generation {} is the first of its subject and route: there is nothing to roll back to",
+                        active.policy_generation
+                    ),
+                })),
+            };
+        };
+        let key = PartitionKey {
+            policy_generation: generation,
+            ..active.clone()
+        };
+        if generation == active.policy_generation {
+            // A retried rollback that already landed.
+            return self.publish_repeat(key);
+        }
+        policy.generation = generation;
+        self.publish(batch, key, policy)
+    }
+
+    fn publish_repeat(&self, key: PartitionKey) -> Pending {
+        let position = self
+            .state
+            .partitions
+            .get(&key)
+            .and_then(|ps| ps.opened_at)
+            .map(PositionFrom::Known);
+        Pending::Published {
+            key,
+            created: false,
+            position,
         }
     }
 
@@ -420,7 +539,9 @@ impl Shard {
                 let record = if events.is_empty() {
                     None
                 } else {
-                    Some(self.commit_speculatively(batch, &key, events))
+                    let record = self.commit_speculatively(batch, &key, events);
+                    self.drain_onward(batch, &key);
+                    Some(record)
                 };
                 let Some(id) = command.reservation_id() else {
                     return Pending::Ready(Ok(Answer::Done));

@@ -21,6 +21,7 @@
 
 mod commands;
 mod due;
+mod moves;
 pub mod pipeline;
 pub mod protocol;
 pub mod retired;
@@ -34,6 +35,7 @@ use reservoir_log::EventLog;
 use tokio::sync::mpsc;
 
 pub use due::MAX_DUE_PER_SWEEP;
+pub use moves::FAILPOINT_MOVE_HALVES;
 pub use pipeline::{Shard, MAX_BATCHES_IN_FLIGHT};
 pub use protocol::{
     Amount, Answer, Envelope, Failure, PartitionStatus, Reply, Request, Writers,
@@ -123,6 +125,7 @@ pub fn spawn<L: EventLog>(
             next_batch_seq: 0,
             retired: retired.clone(),
             retiring: FastMap::default(),
+            half_moves_checked: false,
         };
         handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
     }

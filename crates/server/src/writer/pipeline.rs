@@ -93,6 +93,8 @@ type AppendFuture<'a> = std::pin::Pin<
 struct InFlight<'a> {
     /// Sequence number of the batch in its shard (see `PositionFrom::Earlier`).
     seq: u64,
+    /// See `Batch::pause_after`.
+    pause_after: bool,
     records: Vec<Record>,
     undo: Vec<Undo>,
     /// Records this batch evicted from memory (in `Shard::retiring` until it lands).
@@ -162,6 +164,8 @@ pub(super) struct Batch {
     /// Reservations whose latest event is in this batch → its record.
     pub(super) pending_positions: FastMap<ReservationId, usize>,
     evicted: Vec<ReservationId>,
+    /// The move-halves test failpoint: stop the shard once this batch is durable.
+    pub(super) pause_after: bool,
 }
 
 /// One writer task's state and identity.
@@ -197,6 +201,9 @@ pub struct Shard {
     pub retired: Arc<RetiredIndex>,
     /// Records evicted by batches not yet durable: id → (partition, record).
     pub(super) retiring: FastMap<ReservationId, (PartitionKey, Reservation)>,
+    /// Whether moves logged without their second half have been completed
+    /// since recovery (`super::moves`); done in the first batch.
+    pub half_moves_checked: bool,
 }
 
 impl Shard {
@@ -289,6 +296,10 @@ impl Shard {
         envelopes: Vec<Envelope>,
     ) -> InFlight<'a> {
         let mut batch = Batch::default();
+        if !self.half_moves_checked {
+            self.complete_half_moves(&mut batch);
+            self.half_moves_checked = true;
+        }
         let mut pendings = Vec::with_capacity(envelopes.len());
         for Envelope { request, reply } in envelopes {
             let pending = self.decide_one(&mut batch, request);
@@ -319,6 +330,7 @@ impl Shard {
         };
         InFlight {
             seq,
+            pause_after: batch.pause_after,
             records: batch.records,
             undo: batch.undo,
             evicted: batch.evicted,
@@ -374,6 +386,15 @@ impl Shard {
             }
         }
         self.retire(std::mem::take(&mut flight.evicted));
+        if flight.pause_after {
+            // The test failpoint: the first half of a move is durable, the
+            // second is not; wait here until the test kills the process.
+            tracing::warn!(
+                shard = self.id,
+                "failpoint: paused between the halves of a move"
+            );
+            std::future::pending::<()>().await;
+        }
         let resolve = |from: PositionFrom| {
             match from {
             PositionFrom::Record(i) => positions[i],
@@ -466,6 +487,8 @@ impl Shard {
             failed.push(later);
         }
         self.in_flight_positions.clear();
+        // The half-move completion, if it was in a failed batch, runs again.
+        self.half_moves_checked = false;
         // Newest first: each undo log holds the pre-images of its own batch.
         for f in failed.iter_mut().rev() {
             let undo = std::mem::take(&mut f.undo);

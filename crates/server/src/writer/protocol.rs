@@ -46,6 +46,13 @@ pub enum Request {
         key: PartitionKey,
         policy: Policy,
     },
+    /// Run the generation below the active one again, as `generation`
+    /// (default: the active one + 1); see `commands::rollback`.
+    Rollback {
+        subject: String,
+        route: String,
+        generation: Option<u64>,
+    },
     GetPolicy {
         subject: String,
         route: String,
@@ -137,6 +144,9 @@ pub enum Failure {
     },
     /// No active policy for the subject/route.
     NoPolicy,
+    /// The request conflicts with the subject/route's generations (`code`
+    /// becomes the problem type).
+    Conflict { code: &'static str, detail: String },
     /// A reserve the server was to size could not be sized.
     Sizing(SizingFailure),
     /// Retry with the same ids: the log failed, or the writer is overloaded or stopping.

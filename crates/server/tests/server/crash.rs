@@ -39,8 +39,21 @@ async fn spawn_server(data_dir: &Path) -> ServerProcess {
     spawn_server_with(data_dir, &[]).await
 }
 
+/// Lines a server of this test binary logged on stopping at a failpoint.
+pub static FAILPOINT_PAUSES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Same, with extra `reservoir serve` arguments.
 pub async fn spawn_server_with(data_dir: &Path, extra: &[&str]) -> ServerProcess {
+    spawn_server_env(data_dir, extra, &[]).await
+}
+
+/// Same, with extra environment variables (test failpoints).
+pub async fn spawn_server_env(
+    data_dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> ServerProcess {
     let mut child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
         .args(["serve", "--listen", "127.0.0.1:0", "--writer-shards", "2"])
         .args([
@@ -53,6 +66,7 @@ pub async fn spawn_server_with(data_dir: &Path, extra: &[&str]) -> ServerProcess
         .arg("--data-dir")
         .arg(data_dir)
         .env("RESERVOIR_LOG_LEVEL", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -66,6 +80,9 @@ pub async fn spawn_server_with(data_dir: &Path, extra: &[&str]) -> ServerProcess
                 if let Some(tx) = tx.take() {
                     let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
                 }
+            }
+            if line.contains("failpoint: paused") {
+                FAILPOINT_PAUSES.fetch_add(1, Ordering::SeqCst);
             }
             if line.contains("recovered from the log") && line.contains("from_snapshot=true") {
                 SNAPSHOT_RECOVERIES.fetch_add(1, Ordering::SeqCst);
