@@ -163,8 +163,11 @@ def publish(
     refill_per_s: int = 0,
     max_reservation: int | None = None,
     estimator: dict[str, Any] | None = None,
+    three_dimensions: bool = False,
 ) -> None:
-    """Publishes generation 1 of a token policy, opening full."""
+    """Publishes generation 1 of a token policy, opening full; with
+    ``three_dimensions``, 1,000 requests (the primary dimension) plus ``burst``
+    input tokens and ``burst`` output tokens, as a provider limits them."""
     policy = {
         "subject": subject,
         "route": route,
@@ -183,6 +186,19 @@ def publish(
         "shadow_mode": False,
         "generation": 1,
     }
+    if three_dimensions:
+        policy.update(capacity_unit="requests", burst_units=1_000, opening_units=1_000, max_reservation_units=1)
+        policy["dimensions"] = [
+            {
+                "dimension": name,
+                "refill": {"units": refill_per_s, "interval_ms": 1000},
+                "burst_units": burst,
+                "opening_units": burst,
+                "max_reservation_units": max_reservation or burst,
+                "max_overdraft_units": burst,
+            }
+            for name in ("input_tokens", "output_tokens")
+        ]
     body: dict[str, Any] = {"accounting_epoch": "e", "policy": policy}
     if estimator is not None:
         body["estimator"] = estimator
@@ -203,18 +219,24 @@ def assert_conserved(base: str, subject: str) -> dict[str, Any]:
     the terms (not trusting the server's own verdict alone); returns the one
     partition of ``subject`` (each test publishes one route per subject)."""
     mine = []
-    for p in partitions(base):
-        assert p["conservation"] == "ok", json.dumps(p)
-        sources = sum(p[t] for t in SOURCES)
-        destinations = sum(p[t] for t in DESTINATIONS)
-        assert sources == destinations, json.dumps(p)
-        assert p["debt_units"] == (
-            p["overdraft_issued_units"] + p["debt_moved_in_units"] - p["overdraft_repaid_units"] - p["debt_moved_out_units"]
-        ), json.dumps(p)
-        if p["subject"] == subject:
-            mine.append(p)
+    for partition in partitions(base):
+        for p in [partition, *partition.get("dimensions", [])]:
+            _check_terms(p)
+        if partition["subject"] == subject:
+            mine.append(partition)
     assert len(mine) == 1, f"expected one partition of {subject}, found {mine}"
     return mine[0]
+
+
+def _check_terms(p: dict[str, Any]) -> None:
+    """One dimension's books: the equation and the debt line."""
+    assert p["conservation"] == "ok", json.dumps(p)
+    sources = sum(p[t] for t in SOURCES)
+    destinations = sum(p[t] for t in DESTINATIONS)
+    assert sources == destinations, json.dumps(p)
+    assert p["debt_units"] == (
+        p["overdraft_issued_units"] + p["debt_moved_in_units"] - p["overdraft_repaid_units"] - p["debt_moved_out_units"]
+    ), json.dumps(p)
 
 
 def route_estimate(base: str, route: str, model: str, receipt_position: Any) -> dict[str, Any]:

@@ -237,3 +237,29 @@ def test_the_sync_sdk_and_client_settle_the_same_way(base: str, subject: str, ro
         assert s2.settled is not None and s2.settled.actual_units == REPORTED + 1_500
     sdk.close()
     assert assert_conserved(base, subject)["spent_units"] == 1_020 + 1_620
+
+
+async def test_a_three_dimension_route_settles_each_dimension_from_the_usage(
+    base: str, subject: str, route: str, provider: FakeProvider
+) -> None:
+    """Requests, input and output tokens limited at once: the guard sends the
+    usage and the ledger spends each dimension by it (1 request, the reported
+    input, the 900 streamed output tokens), never the token total as requests."""
+    publish(base, subject, route, burst=BURST, three_dimensions=True)
+    provider.reset(Script(input_tokens=REPORTED, output_tokens=2_000, usage_every=100))
+    async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
+        r = await reserve(rsv, subject, route)
+        assert r.reserved_units == 1
+        seen = 0
+        async with guarded_stream(rsv, r, sdk.messages.stream(**request()), counted_input_tokens=COUNTED) as s:
+            async for event in s:
+                seen += is_text_delta(event)
+                if seen == 900:
+                    break
+        assert s.settled is not None
+        assert (s.settled.state, s.settled.actual_units) == ("SETTLED", 1)
+    p = assert_conserved(base, subject)
+    assert (p["spent_units"], p["reserved_units"]) == (1, 0)
+    spent = {d["dimension"]: d["spent_units"] for d in p["dimensions"]}
+    assert spent == {"input_tokens": REPORTED, "output_tokens": 900}
+    assert all(d["reserved_units"] == 0 for d in p["dimensions"])

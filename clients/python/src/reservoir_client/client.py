@@ -121,10 +121,14 @@ class _Protocol:
         return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/start", {"operation_id": operation_id})
 
     @staticmethod
-    def settle(reservation_id: str, actual_units: int, operation_id: str | None, usage: Usage | None) -> _Request:
-        if actual_units < 0:
+    def settle(reservation_id: str, actual_units: int | None, operation_id: str | None, usage: Usage | None) -> _Request:
+        if actual_units is not None and actual_units < 0:
             raise ValueError("actual_units must not be negative")
-        body: dict[str, Any] = {"actual_units": actual_units}
+        if actual_units is None and usage is None:
+            raise ValueError("give actual_units, or usage for the ledger to derive every dimension from")
+        body: dict[str, Any] = {}
+        if actual_units is not None:
+            body["actual_units"] = actual_units
         if operation_id is not None:
             body["operation_id"] = operation_id
         if usage is not None:
@@ -293,13 +297,15 @@ class Reservoir:
     def settle(
         self,
         reservation_id: str,
-        actual_units: int,
+        actual_units: int | None = None,
         *,
         operation_id: str | None = None,
         usage: Usage | None = None,
     ) -> Receipt:
         """Settle with what the call used; the unused rest goes back, any excess
-        becomes debt. ``usage`` teaches the route's estimates and drift."""
+        becomes debt. ``usage`` teaches the route's estimates and drift; without
+        ``actual_units`` the ledger derives every dimension of the policy from
+        it (requests 1, input as reported, output as reported, tokens their sum)."""
         return self._p.receipt(self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
 
     def release(self, reservation_id: str) -> Receipt:
@@ -430,7 +436,7 @@ class AsyncReservoir:
     async def settle(
         self,
         reservation_id: str,
-        actual_units: int,
+        actual_units: int | None = None,
         *,
         operation_id: str | None = None,
         usage: Usage | None = None,

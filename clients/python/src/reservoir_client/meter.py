@@ -89,6 +89,11 @@ class StreamMeter:
         return self.input_tokens + self.output_tokens
 
     def usage(self) -> Usage:
+        """What the call used, for the settle. A provider that never took the
+        request (it refused before streaming) reports 0 input: the ledger then
+        charges no input in any dimension, and no drift sample is made."""
+        if not self.accepted and self.reported_input_tokens is None:
+            return Usage(model=self.model, output_tokens=self.output_tokens, reported_input_tokens=0)
         return Usage(
             model=self.model,
             output_tokens=self.output_tokens,

@@ -57,11 +57,14 @@ log = logging.getLogger("reservoir_client")
 E = TypeVar("E")
 
 #: How the settled units follow from the count (default: input + output).
-SettleUnits = Callable[[StreamMeter], int]
+SettleUnits = Callable[[StreamMeter], "int | None"]
 
 
-def _total(meter: StreamMeter) -> int:
-    return meter.total_tokens
+def _from_usage(meter: StreamMeter) -> int | None:
+    """The default: no ``actual_units``; the ledger derives every dimension of
+    the route's policy from the usage the meter reports (tokens = input +
+    output, requests = 1, input and output tokens each as counted)."""
+    return None
 
 
 class _Guard:
@@ -99,7 +102,7 @@ class _Guard:
     def _must_start(self) -> bool:
         return self.reservation.state == "RESERVED"
 
-    def _settle_args(self) -> tuple[int, dict[str, Any]]:
+    def _settle_args(self) -> tuple[int | None, dict[str, Any]]:
         return self._settle_units(self.meter), {"operation_id": self.operation_id, "usage": self.meter.usage()}
 
     def _settle_failed(self, error: BaseException, propagating: BaseException | None) -> None:
@@ -126,7 +129,7 @@ class AsyncGuardedStream(_Guard, Generic[E]):
         counted_input_tokens: int,
         operation_id: str | None = None,
         estimate_tokens: Callable[[str], int] = default_estimate_tokens,
-        settle_units: SettleUnits = _total,
+        settle_units: SettleUnits = _from_usage,
     ) -> None:
         super().__init__(
             receipt,
@@ -215,7 +218,7 @@ class GuardedStream(_Guard, Generic[E]):
         counted_input_tokens: int,
         operation_id: str | None = None,
         estimate_tokens: Callable[[str], int] = default_estimate_tokens,
-        settle_units: SettleUnits = _total,
+        settle_units: SettleUnits = _from_usage,
     ) -> None:
         super().__init__(
             receipt,
@@ -323,7 +326,7 @@ def guarded_stream(
     counted_input_tokens: int,
     operation_id: str | None = None,
     estimate_tokens: Callable[[str], int] = default_estimate_tokens,
-    settle_units: SettleUnits = _total,
+    settle_units: SettleUnits = _from_usage,
 ) -> AsyncGuardedStream[Any] | GuardedStream[Any]:
     """Binds ``source`` (an SDK stream or stream manager) to ``receipt``'s
     reservation: ``async with`` it for :class:`AsyncReservoir`, ``with`` it for
