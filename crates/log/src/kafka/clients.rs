@@ -104,7 +104,8 @@ pub(super) fn build_consumer(config: &KafkaConfig) -> Result<BaseConsumer, LogEr
         .map_err(|e| log_error("create consumer", &e))
 }
 
-/// Makes sure the topic exists and returns its partition count.
+/// Makes sure the topic exists, with a leader for every partition, and
+/// returns its partition count.
 pub(super) async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> {
     let probe_config = config.clone();
     let probe = move || -> Result<Option<u32>, LogError> {
@@ -139,7 +140,7 @@ pub(super) async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> 
             }
         }
     }
-    // Metadata can lag a fresh topic for a moment.
+    // Metadata and leader election can lag a fresh topic for a moment.
     let deadline = Instant::now() + config.request_timeout;
     loop {
         if let Some(count) = blocking(probe.clone()).await?? {
@@ -166,8 +167,15 @@ pub(super) fn partition_count(
     let Some(topic) = metadata.topics().iter().find(|t| t.name() == config.topic) else {
         return Ok(None);
     };
+    // Usable only once every partition has a leader: right after creation
+    // the broker names the partitions before it has elected their leaders,
+    // and a claim's read-back then fails with NotLeaderForPartition.
+    let led = topic
+        .partitions()
+        .iter()
+        .all(|p| p.leader() >= 0 && p.error().is_none());
     match topic.error() {
-        None if !topic.partitions().is_empty() => Ok(Some(topic.partitions().len() as u32)),
+        None if !topic.partitions().is_empty() && led => Ok(Some(topic.partitions().len() as u32)),
         _ => Ok(None),
     }
 }
