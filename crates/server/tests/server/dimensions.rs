@@ -84,7 +84,12 @@ fn books(p: &Value) -> Vec<(String, u64, u64, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_reservation_holds_every_dimension_and_the_headers_say_what_is_left() {
-    let (server, _dir) = TestServer::embedded().await;
+    // Time stands still unless the test moves it, so no refill lands between
+    // an answer and the balances it is compared with.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = reservoir_server::clock::ManualClock::new(1_784_469_600_000);
+    let server =
+        TestServer::embedded_on_clock(dir.path(), std::sync::Arc::new(clock.clone())).await;
     publish(&server, &three("t-dims")).await;
 
     let (status, headers, receipt) = reserve(&server, "d-1", "t-dims", 1_000, 2_000).await;
@@ -223,7 +228,10 @@ async fn one_reservation_holds_every_dimension_and_the_headers_say_what_is_left(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_names_each_dimension_that_refuses() {
-    let (server, _dir) = TestServer::embedded().await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = reservoir_server::clock::ManualClock::new(1_784_469_600_000);
+    let server =
+        TestServer::embedded_on_clock(dir.path(), std::sync::Arc::new(clock.clone())).await;
     // requests: a bucket of one request; input and output: small buckets.
     let mut requests = three("t-req");
     (requests.burst_units, requests.opening_units) = (1, 1);
@@ -280,7 +288,10 @@ async fn a_429_names_each_dimension_that_refuses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_dimension_policy_answers_with_its_own_headers() {
-    let (server, _dir) = TestServer::embedded().await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = reservoir_server::clock::ManualClock::new(1_784_469_600_000);
+    let server =
+        TestServer::embedded_on_clock(dir.path(), std::sync::Arc::new(clock.clone())).await;
     let (status, _) = server
         .publish(&Policy::example("t-one", "chat.generate", 1), "2026-12")
         .await;
