@@ -11,6 +11,14 @@
 //! acknowledged if that one was not), then reads the partition back up to
 //! everything acknowledged so far and answers only if no foreign claim took
 //! the partition before its last record.
+//!
+//! Known limit: the producer cannot take back records behind one that failed.
+//! If an in-flight request times out, librdkafka bumps the producer's epoch
+//! and may then write later records without the failed ones. Those later
+//! appends fail in doubt and the writer rebuilds from the log; a record whose
+//! events no longer apply without the missing ones stops recovery (a corrupt
+//! log, never served from). Records within one batch had the same exposure
+//! before appends were pipelined.
 
 use std::collections::BTreeSet;
 use std::sync::MutexGuard;
