@@ -164,9 +164,13 @@ pub trait EventLog: EventReader {
     ///   *called* (the returned future only waits for it), or is refused there
     ///   (its future is then already resolved);
     /// - appends become durable and are acknowledged in call order;
-    /// - once an append fails, every append called after it fails too and
-    ///   writes nothing, until the log partition is claimed again (or the log
-    ///   reopened).
+    /// - once an append fails, every append called after it fails too, until
+    ///   the log partition is claimed again (or the log reopened). A log that
+    ///   refuses them before writing (embedded, memory) writes nothing of
+    ///   them; the Kafka log cannot take back records already handed to the
+    ///   producer, so they may still land: it fails them in doubt, and the
+    ///   writer re-claims and rebuilds its state from the log, where they
+    ///   count like any record of an append that failed after writing.
     fn ordered_appends(&self) -> bool {
         false
     }

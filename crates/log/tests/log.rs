@@ -6,7 +6,8 @@
 //!   implementation's module instantiates it (embedded, Kafka, memory).
 //! - `embedded`: what only the RocksDB log promises (process lock, crash test),
 //!   and `SecondaryLog` following a running log from another instance.
-//! - `kafka`: fencing between writers, crashes, faults on a mock cluster.
+//! - `kafka`: fencing between writers, crashes, faults on a mock cluster;
+//!   `kafka_pipelined`: appends in flight together (ordering, fencing, doubt).
 //! - `memory`: the memory log (feature `memory`, enabled for this binary by
 //!   the crate's dev-dependency on itself): claims and fault injection.
 
@@ -18,6 +19,9 @@ mod codec;
 
 #[path = "log/kafka.rs"]
 mod kafka;
+
+#[path = "log/kafka_pipelined.rs"]
+mod kafka_pipelined;
 
 #[path = "log/suite.rs"]
 pub mod suite;

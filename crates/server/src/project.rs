@@ -141,6 +141,7 @@ async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
     );
     let mut config = KafkaConfig::new(brokers, reader_id);
     config.topic = topic.to_string();
+    config.reader_fetch_min_bytes = KafkaConfig::FOLLOWER_FETCH_MIN_BYTES;
     let mut waiting_since: Option<Instant> = None;
     loop {
         let probe = config.clone();

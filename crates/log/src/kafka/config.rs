@@ -56,6 +56,13 @@ pub struct KafkaConfig {
     /// `message.timeout.ms`: how long the producer keeps retrying a record before
     /// the append fails.
     pub delivery_timeout: Duration,
+    /// `fetch.min.bytes` of the readers: how much a fetch waits to gather (up
+    /// to `fetch.wait.max.ms`, 100 ms on a broker that follows the protocol)
+    /// before the broker answers. 1 (the default) for a writer, whose
+    /// read-back waits on every append; a follower that only projects (see
+    /// [`KafkaConfig::FOLLOWER_FETCH_MIN_BYTES`]) trades up to that wait of
+    /// freshness for a broker not woken by every record.
+    pub reader_fetch_min_bytes: u32,
     /// Extra librdkafka settings for every client (tests use this for mock
     /// clusters and tighter timeouts).
     pub client_overrides: Vec<(String, String)>,
@@ -65,6 +72,11 @@ pub struct KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// [`KafkaConfig::reader_fetch_min_bytes`] for projectors. With every
+    /// node's projector woken by every record, their fetches alone kept
+    /// Apache Kafka busier than the writers' (bench-results/cluster.md).
+    pub const FOLLOWER_FETCH_MIN_BYTES: u32 = 64 * 1024;
+
     pub fn new(brokers: impl Into<String>, writer_id: impl Into<String>) -> Self {
         Self {
             brokers: brokers.into(),
@@ -74,6 +86,7 @@ impl KafkaConfig {
             writer_id: writer_id.into(),
             request_timeout: Duration::from_secs(10),
             delivery_timeout: Duration::from_secs(30),
+            reader_fetch_min_bytes: 1,
             client_overrides: Vec::new(),
             quirks: BrokerQuirks::from_env(),
         }

@@ -18,6 +18,13 @@
 //!   no foreign claim took the partition before it; otherwise it returns
 //!   [`LogError::Fenced`] and refuses every later append to that partition. What
 //!   counts is decided by [`fence::Validity`], the rule every reader applies.
+//! - **Pipelining.** Appends are ordered ([`EventLog::ordered_appends`]): an
+//!   append's records are handed to the producer when `append` is called, so a
+//!   writer can decide its next batch while this one is in flight. An append is
+//!   acknowledged only after every earlier append to the same log partition was
+//!   (a failed one fails every later one: their records were decided on top of
+//!   it), and the read-back of one append reads everything acknowledged so far,
+//!   so appends in flight together are read back together.
 //! - **Ambiguous failures.** An append that fails after records may have been
 //!   written (a delivery timeout, a failed read-back) cannot say whether they
 //!   will count. Its error is transient, and every later append to that
@@ -33,11 +40,11 @@
 //! named in [`BrokerQuirks`] and switched on only when the operator says so
 //! ([`BrokerQuirks::ENV`]); today that is tansu 0.6.
 //!
-//! This file holds the log itself (ownership, claims, appends and their
-//! read-back); `config`, `placement`, `read` (decoding, [`EventReader`]) and
-//! `clients` (librdkafka clients, the topic, error classification) beside it.
+//! This file holds the log itself (ownership, claims, producing); `append`
+//! (the append path: standing, ordering, read-back), `config`, `placement`,
+//! `read` (decoding, [`EventReader`]) and `clients` (librdkafka clients, the
+//! topic, error classification) beside it.
 
-use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -48,7 +55,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use reservoir_core::PartitionKey;
 use tracing::{info, warn};
@@ -56,11 +63,13 @@ use tracing::{info, warn};
 use crate::fence::{Validity, Verdict};
 use crate::{codec, fence, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
 
+mod append;
 mod clients;
 mod config;
 mod placement;
 mod read;
 
+use append::Standing;
 pub use clients::log_error;
 use clients::{blocking, build_consumer, build_producer, ensure_topic};
 pub use config::{BrokerQuirks, KafkaConfig};
@@ -88,9 +97,6 @@ enum Ownership {
         /// Offset of the first foreign claim that took the partition, once seen:
         /// our records before it count, none after it does.
         lost_at: Option<u64>,
-        /// Why an earlier append failed after records may have been written
-        /// (`LogError::InDoubt` until the writer claims again).
-        in_doubt: Option<String>,
     },
 }
 
@@ -107,7 +113,10 @@ struct Inner {
     /// Replaced when librdkafka reports a fatal (idempotence) error.
     producer: RwLock<Arc<FutureProducer>>,
     readers: Vec<Mutex<Option<PartitionReader>>>,
+    /// Held across the read-backs (claiming, verifying appends).
     ownership: Vec<tokio::sync::Mutex<Ownership>>,
+    /// What an append may go under, checked when `append` is called.
+    standing: Vec<Mutex<Standing>>,
 }
 
 /// The Kafka implementation of [`EventLog`]. Cheap to clone.
@@ -148,6 +157,9 @@ impl KafkaLog {
                 readers: (0..log_partitions).map(|_| Mutex::new(None)).collect(),
                 ownership: (0..log_partitions)
                     .map(|_| tokio::sync::Mutex::new(Ownership::Unclaimed))
+                    .collect(),
+                standing: (0..log_partitions)
+                    .map(|_| Mutex::new(Standing::default()))
                     .collect(),
                 producer: RwLock::new(Arc::new(producer)),
                 log_partitions,
@@ -195,6 +207,7 @@ impl KafkaLog {
         .await?;
         if validity.current_claim() != Some(&claim) {
             *ownership = Ownership::Unclaimed;
+            self.set_unclaimed(log_partition);
             warn!(log_partition, epoch, winner = ?validity.current_claim(), "lost the race for a log partition");
             return Err(LogError::Fenced {
                 writer_id: claim.writer_id,
@@ -208,8 +221,8 @@ impl KafkaLog {
             validity,
             scanned_to,
             lost_at: None,
-            in_doubt: None,
         };
+        self.set_claimed(log_partition, claim.clone(), claim_offset);
         Ok(claim)
     }
 
@@ -228,46 +241,6 @@ impl KafkaLog {
                 ..
             } => Some(claim.clone()),
             _ => None,
-        }
-    }
-
-    /// The claim appends to a log partition go under: refused if this writer
-    /// never claimed it, fenced if it lost it, in doubt after an ambiguous failure.
-    async fn claim_for_append(&self, log_partition: u32) -> Result<Claim, LogError> {
-        match &*self.inner.ownership[log_partition as usize].lock().await {
-            Ownership::Held {
-                claim,
-                lost_at: None,
-                in_doubt: None,
-                ..
-            } => Ok(claim.clone()),
-            Ownership::Held {
-                lost_at: None,
-                in_doubt: Some(reason),
-                ..
-            } => Err(LogError::InDoubt {
-                log_partition,
-                reason: reason.clone(),
-            }),
-            Ownership::Held { .. } => Err(LogError::Fenced {
-                writer_id: self.inner.config.writer_id.clone(),
-                log_partition,
-            }),
-            Ownership::Unclaimed => Err(LogError::Invalid(format!(
-                "log partition {log_partition} is not claimed by this writer"
-            ))),
-        }
-    }
-
-    /// After an append failed past the point where records may have been written,
-    /// this writer's state may lack records that count: refuse further appends
-    /// until it claims again (and rebuilds its state from the log).
-    async fn put_in_doubt(&self, log_partition: u32, error: &LogError) {
-        if let Ownership::Held { in_doubt, .. } =
-            &mut *self.inner.ownership[log_partition as usize].lock().await
-        {
-            warn!(log_partition, %error, "append failed with records possibly written; partition in doubt until re-claimed");
-            in_doubt.get_or_insert_with(|| error.to_string());
         }
     }
 
@@ -333,41 +306,92 @@ impl KafkaLog {
         entries: &[LogEntry],
     ) -> Result<Vec<Position>, LogError> {
         let targets: Vec<(u32, &LogEntry)> = entries.iter().map(|e| (log_partition, e)).collect();
-        self.produce_to(&targets).await
+        self.enqueue(&targets)?.acknowledged(self).await
     }
 
-    async fn produce_to(&self, targets: &[(u32, &LogEntry)]) -> Result<Vec<Position>, LogError> {
+    /// Hands entries to the producer, in order: librdkafka keeps a partition's
+    /// records in the order they are handed over, and the idempotent producer
+    /// keeps that order on the broker. Every entry is encoded first, so an
+    /// entry that cannot be encoded refuses the lot with nothing handed over.
+    fn enqueue(&self, targets: &[(u32, &LogEntry)]) -> Result<Enqueued, LogError> {
         let producer = self.inner.producer.read().expect("producer lock").clone();
         let topic = self.inner.config.topic.as_str();
-        let mut deliveries = Vec::with_capacity(targets.len());
-        let mut failure = None;
+        let mut encoded = Vec::with_capacity(targets.len());
         for &(log_partition, entry) in targets {
             let value =
                 codec::encode(entry).map_err(|e| LogError::Invalid(format!("encode: {e}")))?;
-            let key = codec::record_key(entry);
-            let header_values = codec::headers(entry);
+            encoded.push((
+                log_partition,
+                codec::record_key(entry),
+                value,
+                codec::headers(entry),
+            ));
+        }
+        let mut deliveries = Vec::with_capacity(encoded.len());
+        let mut failure = None;
+        for (log_partition, key, value, header_values) in &encoded {
             let mut headers = OwnedHeaders::new_with_capacity(header_values.len());
-            for (name, header_value) in &header_values {
+            for (name, header_value) in header_values {
                 headers = headers.insert(Header {
                     key: name,
                     value: Some(header_value.as_bytes()),
                 });
             }
             let record = FutureRecord::to(topic)
-                .partition(log_partition as i32)
+                .partition(*log_partition as i32)
                 .key(key.as_bytes())
                 .payload(value.as_slice())
                 .headers(headers);
             match producer.send_result(record) {
-                Ok(delivery) => deliveries.push((log_partition, delivery)),
+                Ok(delivery) => deliveries.push((*log_partition, delivery)),
                 Err((error, _)) => {
-                    // Stop enqueuing; what is in flight is still awaited below so
+                    // Stop enqueuing; what is in flight is still awaited so
                     // nothing of this batch is left unaccounted for.
                     failure = Some(log_error("enqueue", &error));
                     break;
                 }
             }
         }
+        Ok(Enqueued {
+            producer,
+            deliveries,
+            failure,
+        })
+    }
+
+    /// An idempotent producer that hit a fatal error (e.g. a sequence gap it
+    /// cannot repair) refuses every later record; start a fresh one.
+    fn replace_producer_if_fatal(&self, failed: &Arc<FutureProducer>) {
+        let Some((code, reason)) = failed.client().fatal_error() else {
+            return;
+        };
+        let mut producer = self.inner.producer.write().expect("producer lock");
+        if Arc::ptr_eq(&producer, failed) {
+            warn!(?code, %reason, "producer hit a fatal error; replacing it");
+            match build_producer(&self.inner.config) {
+                Ok(fresh) => *producer = Arc::new(fresh),
+                Err(error) => warn!(%error, "could not replace the producer"),
+            }
+        }
+    }
+}
+
+/// Entries handed to the producer, waiting for the broker's acknowledgements.
+struct Enqueued {
+    producer: Arc<FutureProducer>,
+    deliveries: Vec<(u32, DeliveryFuture)>,
+    /// The producer refused an entry (nothing after it was handed over).
+    failure: Option<LogError>,
+}
+
+impl Enqueued {
+    /// Waits for every delivery; the positions in order, or the first failure.
+    async fn acknowledged(self, log: &KafkaLog) -> Result<Vec<Position>, LogError> {
+        let Enqueued {
+            producer,
+            deliveries,
+            mut failure,
+        } = self;
         let mut positions = Vec::with_capacity(deliveries.len());
         for (log_partition, delivery) in deliveries {
             match delivery.await {
@@ -393,73 +417,10 @@ impl KafkaLog {
             }
         }
         if let Some(error) = failure {
-            self.replace_producer_if_fatal(&producer);
+            log.replace_producer_if_fatal(&producer);
             return Err(error);
         }
         Ok(positions)
-    }
-
-    /// An idempotent producer that hit a fatal error (e.g. a sequence gap it
-    /// cannot repair) refuses every later record; start a fresh one.
-    fn replace_producer_if_fatal(&self, failed: &Arc<FutureProducer>) {
-        let Some((code, reason)) = failed.client().fatal_error() else {
-            return;
-        };
-        let mut producer = self.inner.producer.write().expect("producer lock");
-        if Arc::ptr_eq(&producer, failed) {
-            warn!(?code, %reason, "producer hit a fatal error; replacing it");
-            match build_producer(&self.inner.config) {
-                Ok(fresh) => *producer = Arc::new(fresh),
-                Err(error) => warn!(%error, "could not replace the producer"),
-            }
-        }
-    }
-
-    /// Checks, by reading the partition back, that our records at `offsets` (all
-    /// in `log_partition`, ascending) count. Fenced if a foreign claim took the
-    /// partition before any of them.
-    async fn verify(&self, log_partition: u32, offsets: &[u64]) -> Result<(), LogError> {
-        let mut ownership = self.inner.ownership[log_partition as usize].lock().await;
-        let fenced = LogError::Fenced {
-            writer_id: self.inner.config.writer_id.clone(),
-            log_partition,
-        };
-        let Ownership::Held {
-            claim_offset,
-            validity,
-            scanned_to,
-            lost_at,
-            ..
-        } = &mut *ownership
-        else {
-            return Err(fenced);
-        };
-        let last = *offsets.last().expect("verify is given at least one offset");
-        if *scanned_to <= last && lost_at.is_none() {
-            let mut entries_seen = *scanned_to;
-            while entries_seen <= last {
-                let want = usize::try_from(last + 1 - entries_seen)
-                    .unwrap_or(usize::MAX)
-                    .min(fence::ValidReader::READ_ENTRIES_MAX);
-                for (position, claim) in self.read_claims(log_partition, entries_seen, want).await?
-                {
-                    entries_seen = position.offset + 1;
-                    let Some(claim) = claim else { continue };
-                    let verdict = validity.observe(&LogEntry::Claim(claim));
-                    if verdict == Verdict::ClaimAccepted && lost_at.is_none() {
-                        warn!(log_partition, offset = position.offset, by = ?validity.current_claim(), "fenced by a newer claim");
-                        *lost_at = Some(position.offset);
-                    }
-                }
-            }
-            *scanned_to = entries_seen;
-        }
-        let first = offsets[0];
-        assert!(first > *claim_offset, "our records come after our claim");
-        match *lost_at {
-            Some(lost) if lost < last => Err(fenced),
-            _ => Ok(()),
-        }
     }
 }
 
@@ -729,80 +690,6 @@ impl Inner {
             .last()
             .map_or(listed, |(position, _)| position.offset + 1)
             .max(listed))
-    }
-}
-
-impl EventLog for KafkaLog {
-    /// A new claim clears the in-doubt state of the partition.
-    async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
-        self.claim(log_partition).await
-    }
-
-    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        if batch.len() > APPEND_RECORDS_MAX {
-            return Err(LogError::Invalid(format!(
-                "batch of {} records exceeds {APPEND_RECORDS_MAX}",
-                batch.len()
-            )));
-        }
-        // Refuse before writing anything if a record is not ours under a claim we
-        // still hold: a fenced writer must not add more to the log.
-        let mut claimed: BTreeMap<u32, Claim> = BTreeMap::new();
-        for record in &batch {
-            let log_partition = self.log_partition_for(&record.key);
-            let claim = match claimed.entry(log_partition) {
-                Entry::Occupied(held) => held.into_mut(),
-                Entry::Vacant(slot) => slot.insert(self.claim_for_append(log_partition).await?),
-            };
-            if record.writer_id != claim.writer_id || record.claim_epoch != claim.epoch {
-                return Err(LogError::Invalid(format!(
-                    "record written as {}@{} but this writer holds {}@{} on log partition {log_partition}",
-                    record.writer_id, record.claim_epoch, claim.writer_id, claim.epoch
-                )));
-            }
-        }
-        let entries: Vec<(u32, LogEntry)> = batch
-            .into_iter()
-            .map(|record| {
-                (
-                    self.log_partition_for(&record.key),
-                    LogEntry::Record(record),
-                )
-            })
-            .collect();
-        let targets: Vec<(u32, &LogEntry)> = entries.iter().map(|(p, e)| (*p, e)).collect();
-        let positions = match self.produce_to(&targets).await {
-            Ok(positions) => positions,
-            Err(error) => {
-                // Some records may have been written (and would count).
-                for log_partition in claimed.keys() {
-                    self.put_in_doubt(*log_partition, &error).await;
-                }
-                return Err(error);
-            }
-        };
-        let mut by_partition: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-        for position in &positions {
-            by_partition
-                .entry(position.log_partition)
-                .or_default()
-                .push(position.offset);
-        }
-        for (log_partition, offsets) in &by_partition {
-            match self.verify(*log_partition, offsets).await {
-                Ok(()) => {}
-                Err(error @ LogError::Fenced { .. }) => return Err(error),
-                Err(error) => {
-                    // Written and acknowledged, but whether they count is unknown.
-                    self.put_in_doubt(*log_partition, &error).await;
-                    return Err(error);
-                }
-            }
-        }
-        Ok(positions)
     }
 }
 

@@ -241,6 +241,7 @@ pub async fn run(
         format!("projector-{writer_id}"),
     );
     reader.topic = config.topic.clone();
+    reader.reader_fetch_min_bytes = KafkaConfig::FOLLOWER_FETCH_MIN_BYTES;
     let reader = KafkaLog::connect(reader)
         .await
         .map_err(|e| format!("cannot connect the projector to Kafka: {e}"))?;

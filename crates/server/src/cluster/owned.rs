@@ -96,28 +96,44 @@ impl EventReader for OnePartition {
 }
 
 impl EventLog for OnePartition {
-    async fn append(&self, batch: Vec<Record>) -> Result<Vec<Position>, LogError> {
-        if let Some(stray) = batch
+    /// As the Kafka log's: the records are with the producer when `append`
+    /// returns (the writer pipelines on it).
+    fn ordered_appends(&self) -> bool {
+        self.log.ordered_appends()
+    }
+
+    fn append(
+        &self,
+        batch: Vec<Record>,
+    ) -> impl std::future::Future<Output = Result<Vec<Position>, LogError>> + Send {
+        let stray = batch
             .iter()
             .find(|r| self.log.log_partition_for(&r.key) != self.p)
-        {
-            return Err(LogError::Invalid(format!(
-                "{} does not belong to log partition {}",
-                stray.key, self.p
-            )));
-        }
-        match self.log.append(batch).await {
-            Ok(positions) => {
-                if let Some(last) = positions.last() {
-                    self.note(last.offset);
+            .map(|stray| {
+                LogError::Invalid(format!(
+                    "{} does not belong to log partition {}",
+                    stray.key, self.p
+                ))
+            });
+        // Called now, not when first polled: that fixes the batch's place in the log.
+        let appended = match stray {
+            Some(refused) => Err(refused),
+            None => Ok(self.log.append(batch)),
+        };
+        async move {
+            match appended?.await {
+                Ok(positions) => {
+                    if let Some(last) = positions.last() {
+                        self.note(last.offset);
+                    }
+                    Ok(positions)
                 }
-                Ok(positions)
-            }
-            Err(err) => {
-                if matches!(err, LogError::Fenced { .. } | LogError::InDoubt { .. }) {
-                    self.trouble.send_replace(Some(err.to_string()));
+                Err(err) => {
+                    if matches!(err, LogError::Fenced { .. } | LogError::InDoubt { .. }) {
+                        self.trouble.send_replace(Some(err.to_string()));
+                    }
+                    Err(err)
                 }
-                Err(err)
             }
         }
     }
