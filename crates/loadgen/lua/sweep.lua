@@ -9,6 +9,9 @@
 -- in the same slot; this is fine on a single Redis, and is the documented
 -- caveat for Redis Cluster.
 --
+-- It refunds `amount` to KEYS[1] only: it does not know the further buckets of
+-- a reserve_dims.lua lease (there is no sweep for those yet).
+--
 -- KEYS[1]  bucket hash   {rsv:<subject>:<route>}:bucket
 -- KEYS[2]  expiry zset   {rsv:<subject>:<route>}:expiry
 -- ARGV[1]  lease key prefix, e.g. "{rsv:tenant-1:chat}:lease:"

@@ -11,10 +11,15 @@
 //!   ([`redis_ledger`], scripts in `crates/loadgen/lua/`), one connection per
 //!   client, every call one `EVALSHA`.
 //!
+//! Either with a one-dimension policy (reserve 600 → settle 180 tokens) or,
+//! with [`run::Dims`], a three-dimension one (requests, input and output
+//! tokens: a sized reserve, a settle from the usage; [`redis_dims`] on Redis).
+//!
 //! [`run`] is the load loop, [`stats`] the measurements, [`report`] the
 //! Markdown comparison that `scripts/bench-http` writes.
 
 pub mod http;
+pub mod redis_dims;
 pub mod redis_ledger;
 pub mod report;
 pub mod run;

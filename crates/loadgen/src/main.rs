@@ -14,7 +14,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use reservoir_loadgen::redis_ledger::BucketPolicy;
 use reservoir_loadgen::report::{markdown, native_markdown, parse_lines, parse_native, Labels};
-use reservoir_loadgen::run::{fresh_run_id, publish, run, RunConfig, Stop, Target};
+use reservoir_loadgen::run::{fresh_run_id, publish, run, Dims, RunConfig, Stop, Target};
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -119,6 +119,24 @@ struct RunArgs {
     /// Units settled per cycle.
     #[arg(long, default_value_t = 180)]
     actual_units: u64,
+    /// 1: a one-dimension policy (`--units`, `--actual-units`); 3: requests,
+    /// input tokens and output tokens, reserved from `--counted-input-tokens`
+    /// and `--max-tokens`, settled from the usage (`--reported-input-tokens`,
+    /// `--output-tokens`).
+    #[arg(long, default_value = "1", value_parser = ["1", "3"])]
+    dimensions: String,
+    /// Three dimensions: input tokens counted before the call.
+    #[arg(long, default_value_t = 500)]
+    counted_input_tokens: u64,
+    /// Three dimensions: the request's max_tokens (the output reserved).
+    #[arg(long, default_value_t = 1_500)]
+    max_tokens: u64,
+    /// Three dimensions: input tokens the provider reported, at settle.
+    #[arg(long, default_value_t = 480)]
+    reported_input_tokens: u64,
+    /// Three dimensions: output tokens the provider reported, at settle.
+    #[arg(long, default_value_t = 450)]
+    output_tokens: u64,
     #[arg(long, default_value = "tenant-")]
     subject_prefix: String,
     #[arg(long, default_value = "chat")]
@@ -160,6 +178,12 @@ fn config(a: RunArgs) -> (RunConfig, Option<String>) {
         epoch: a.epoch,
         units: a.units,
         actual_units: a.actual_units,
+        dims: (a.dimensions == "3").then_some(Dims {
+            counted_input_tokens: a.counted_input_tokens,
+            max_tokens: a.max_tokens,
+            reported_input_tokens: a.reported_input_tokens,
+            output_tokens: a.output_tokens,
+        }),
         stop: match a.cycles {
             Some(n) => Stop::Cycles(n),
             None => Stop::After(secs(a.duration_secs)),

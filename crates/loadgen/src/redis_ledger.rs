@@ -22,6 +22,10 @@ pub mod lua {
     pub const SETTLE: &str = include_str!("../lua/settle.lua");
     /// Refunds leases that outlived their hold TTL.
     pub const SWEEP: &str = include_str!("../lua/sweep.lua");
+    /// `reserve.lua` over several dimensions' buckets, one lease for all.
+    pub const RESERVE_DIMS: &str = include_str!("../lua/reserve_dims.lua");
+    /// `settle.lua` over several dimensions' buckets, from the usage of each.
+    pub const SETTLE_DIMS: &str = include_str!("../lua/settle_dims.lua");
 }
 
 /// How long a settled or swept lease is kept to answer retries (24 h).
@@ -91,6 +95,15 @@ impl Keys {
     pub fn lease(&self, id: &str) -> String {
         format!("{}:lease:{id}", self.tag)
     }
+
+    /// The bucket of each of `dimensions` (primary first): the primary is
+    /// [`Keys::bucket`], a further one `{rsv:S:R}:bucket:<dimension>`.
+    pub fn buckets(&self, dimensions: &[&str]) -> Vec<String> {
+        let further = dimensions.iter().skip(1);
+        std::iter::once(self.bucket.clone())
+            .chain(further.map(|d| format!("{}:{d}", self.bucket)))
+            .collect()
+    }
 }
 
 /// SHA1 digests of the loaded scripts.
@@ -101,6 +114,8 @@ pub struct Scripts {
     start: String,
     settle: String,
     sweep: String,
+    pub(crate) reserve_dims: String,
+    pub(crate) settle_dims: String,
 }
 
 impl Scripts {
@@ -119,18 +134,22 @@ impl Scripts {
             start: one(conn, lua::START).await?,
             settle: one(conn, lua::SETTLE).await?,
             sweep: one(conn, lua::SWEEP).await?,
+            reserve_dims: one(conn, lua::RESERVE_DIMS).await?,
+            settle_dims: one(conn, lua::SETTLE_DIMS).await?,
         })
     }
 
     /// `(name, SHA1 digest)` of every script, named as in `crates/loadgen/lua/`
     /// without `.lua`: what an `EVALSHA` from another client needs.
-    pub fn digests(&self) -> [(&'static str, &str); 5] {
+    pub fn digests(&self) -> [(&'static str, &str); 7] {
         [
             ("policy", &self.policy),
             ("reserve", &self.reserve),
             ("start", &self.start),
             ("settle", &self.settle),
             ("sweep", &self.sweep),
+            ("reserve_dims", &self.reserve_dims),
+            ("settle_dims", &self.settle_dims),
         ]
     }
 }
@@ -190,6 +209,9 @@ pub struct Books {
     pub spent: i64,
     /// Units refunded by the sweeper.
     pub expired: i64,
+    /// Settled usage beyond the hold that the available tokens lacked (the
+    /// debt it created; `settle_dims.lua` only).
+    pub overdraft: i64,
 }
 
 impl Books {
@@ -242,7 +264,12 @@ impl RedisLedger {
         &mut self.conn
     }
 
-    async fn eval(&mut self, sha: &str, keys: &[&str], args: &[&str]) -> redis::RedisResult<Reply> {
+    pub(crate) async fn eval(
+        &mut self,
+        sha: &str,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::RedisResult<Reply> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(sha).arg(keys.len());
         for k in keys {
@@ -261,6 +288,15 @@ impl RedisLedger {
         keys: &Keys,
         p: &BucketPolicy,
     ) -> redis::RedisResult<Reply> {
+        self.publish_bucket(&keys.bucket, p).await
+    }
+
+    /// Publishes `policy` for the bucket hash `bucket`.
+    pub async fn publish_bucket(
+        &mut self,
+        bucket: &str,
+        p: &BucketPolicy,
+    ) -> redis::RedisResult<Reply> {
         let args = [
             p.generation,
             p.burst_units,
@@ -273,7 +309,7 @@ impl RedisLedger {
         .map(|n| n.to_string());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let sha = self.scripts.policy.clone();
-        self.eval(&sha, &[&keys.bucket], &args).await
+        self.eval(&sha, &[bucket], &args).await
     }
 
     /// Reserves `units` for reservation `id` of `tenant`.
@@ -337,9 +373,22 @@ impl RedisLedger {
 
     /// Reads the books of the bucket of `keys`.
     pub async fn books(&mut self, keys: &Keys) -> redis::RedisResult<Books> {
+        self.books_of(&keys.bucket).await
+    }
+
+    /// Reads the books of the bucket hash `bucket` (e.g. one of [`Keys::buckets`]).
+    pub async fn books_of(&mut self, bucket: &str) -> redis::RedisResult<Books> {
         let v: Vec<Option<i64>> = redis::cmd("HMGET")
-            .arg(&keys.bucket)
-            .arg(&["tokens", "opening", "minted", "held", "spent", "expired"])
+            .arg(bucket)
+            .arg(&[
+                "tokens",
+                "opening",
+                "minted",
+                "held",
+                "spent",
+                "expired",
+                "overdraft",
+            ])
             .query_async(&mut self.conn)
             .await?;
         let g = |i: usize| v.get(i).copied().flatten().unwrap_or(0);
@@ -350,6 +399,7 @@ impl RedisLedger {
             held: g(3),
             spent: g(4),
             expired: g(5),
+            overdraft: g(6),
         })
     }
 }

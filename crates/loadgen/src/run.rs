@@ -4,7 +4,8 @@
 //! subjects so that S ledger partitions (or Redis buckets) are hot at once.
 
 use crate::http::{authority_of, HttpConn, HttpError};
-use crate::redis_ledger::{BucketPolicy, Keys, RedisLedger, Reply, Scripts};
+use crate::redis_dims::{DimKeys, THREE};
+use crate::redis_ledger::{BucketPolicy, RedisLedger, Reply, Scripts};
 use crate::stats::{process_cpu_secs, Recorder, RunShape, Step, Summary};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +46,35 @@ pub enum Stop {
     Cycles(u64),
 }
 
+/// A run against a three-dimension policy ([`THREE`]: requests primary, input
+/// and output tokens further, each bucket [`RunConfig::policy`]): every reserve
+/// is sized from `counted_input_tokens` and `max_tokens` (1 request, the input,
+/// `max_tokens` of output) and every settle gives the provider's usage
+/// (1 request, `reported_input_tokens`, `output_tokens`) instead of units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    /// Input tokens the gateway counted, sent with the reserve.
+    pub counted_input_tokens: u64,
+    /// The request's `max_tokens`: the output reserved.
+    pub max_tokens: u64,
+    /// Input tokens the provider reported, sent with the settle.
+    pub reported_input_tokens: u64,
+    /// Output tokens the provider reported, sent with the settle.
+    pub output_tokens: u64,
+}
+
+impl Dims {
+    /// Units held in each dimension of [`THREE`].
+    pub fn reserved(&self) -> [u64; 3] {
+        [1, self.counted_input_tokens, self.max_tokens]
+    }
+
+    /// Units spent in each dimension of [`THREE`].
+    pub fn used(&self) -> [u64; 3] {
+        [1, self.reported_input_tokens, self.output_tokens]
+    }
+}
+
 /// Everything one run needs.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -66,6 +96,9 @@ pub struct RunConfig {
     pub units: u64,
     /// Units settled per cycle.
     pub actual_units: u64,
+    /// A three-dimension policy instead (then `units` and `actual_units` are
+    /// not used).
+    pub dims: Option<Dims>,
     /// When to stop.
     pub stop: Stop,
     /// Cycles started before this are run but not measured.
@@ -85,6 +118,19 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The dimensions of the policy, primary first.
+    pub fn dimensions(&self) -> &'static [&'static str] {
+        match self.dims {
+            None => &THREE[..1],
+            Some(_) => &THREE,
+        }
+    }
+
+    /// The Redis keys of `subject`: one bucket per dimension.
+    pub fn redis_keys(&self, subject: &str) -> DimKeys {
+        DimKeys::new(subject, &self.route, self.dimensions())
+    }
+
     /// Subject of client `i`.
     pub fn subject(&self, i: usize) -> String {
         format!("{}{}", self.subject_prefix, i % self.subjects.max(1) + 1)
@@ -107,13 +153,28 @@ pub fn fresh_run_id() -> String {
 /// The HTTP body of `POST /v1/policies` for `subject`.
 pub fn policy_body(cfg: &RunConfig, subject: &str) -> serde_json::Value {
     let p = &cfg.policy;
-    json!({
+    let dimension = |name: &str| {
+        json!({
+            "dimension": name,
+            "refill": {"units": p.refill_units, "interval_ms": p.interval_ms},
+            "burst_units": p.burst_units,
+            "opening_units": p.opening_units,
+            "max_reservation_units": p.max_reservation_units,
+            "max_overdraft_units": 1_000_000,
+        })
+    };
+    let unit = if cfg.dims.is_some() {
+        "requests"
+    } else {
+        "tokens"
+    };
+    let mut body = json!({
         "accounting_epoch": cfg.epoch,
         "policy": {
             "subject": subject,
             "route": cfg.route,
             "region": "local",
-            "capacity_unit": "tokens",
+            "capacity_unit": unit,
             "refill": {"units": p.refill_units, "interval_ms": p.interval_ms},
             "burst_units": p.burst_units,
             "opening_units": p.opening_units,
@@ -127,12 +188,18 @@ pub fn policy_body(cfg: &RunConfig, subject: &str) -> serde_json::Value {
             "shadow_mode": false,
             "generation": p.generation,
         }
-    })
+    });
+    if cfg.dims.is_some() {
+        let further: Vec<_> = THREE[1..].iter().map(|d| dimension(d)).collect();
+        body["policy"]["dimensions"] = further.into();
+    }
+    body
 }
 
 enum Client {
     Http(HttpConn),
-    Redis(RedisLedger, Vec<Keys>),
+    /// The keys of every subject, by slot.
+    Redis(RedisLedger, Vec<DimKeys>),
 }
 
 /// One failed step: a short kind for the error table, and whether to back off.
@@ -193,18 +260,29 @@ impl Client {
     ) -> Result<(), Failure> {
         match self {
             Client::Http(c) => {
-                let body =
-                    json!({"id": id, "subject": subject, "route": cfg.route, "units": cfg.units});
+                let body = match cfg.dims {
+                    None => {
+                        json!({"id": id, "subject": subject, "route": cfg.route, "units": cfg.units})
+                    }
+                    Some(d) => json!({"id": id, "subject": subject, "route": cfg.route,
+                        "counted_input_tokens": d.counted_input_tokens, "max_tokens": d.max_tokens}),
+                };
                 let (status, bytes) = c
                     .post_json("/v1/reservations", &body)
                     .await
                     .map_err(http_failure)?;
                 expect_2xx(status)?;
-                // The receipt must name the reservation, its state and the log position.
+                // The receipt must name the reservation, its state and the log
+                // position (and, for three dimensions, the two further holds).
+                let further = cfg.dims.map_or(0, |_| THREE.len() - 1);
                 let ok = serde_json::from_slice::<serde_json::Value>(&bytes).is_ok_and(|v| {
                     v.get("id").and_then(|x| x.as_str()) == Some(id)
                         && v.get("state").is_some()
                         && v.get("log_position").is_some()
+                        && v.get("dimensions")
+                            .and_then(|d| d.as_array())
+                            .map_or(0, Vec::len)
+                            == further
                 });
                 if ok {
                     Ok(())
@@ -216,11 +294,14 @@ impl Client {
                 }
             }
             Client::Redis(r, keys) => {
-                let reply = r
-                    .reserve(&keys[slot], id, subject, cfg.units)
-                    .await
-                    .map_err(redis_failure)?;
-                expect(reply, "HELD")
+                let reply = match cfg.dims {
+                    None => r.reserve(&keys[slot].keys, id, subject, cfg.units).await,
+                    Some(d) => {
+                        r.reserve_dims(&keys[slot], id, subject, &d.reserved())
+                            .await
+                    }
+                };
+                expect(reply.map_err(redis_failure)?, "HELD")
             }
         }
     }
@@ -237,7 +318,10 @@ impl Client {
                 expect_2xx(status)
             }
             Client::Redis(r, keys) => {
-                let reply = r.start(&keys[slot], id, &op).await.map_err(redis_failure)?;
+                let reply = r
+                    .start(&keys[slot].keys, id, &op)
+                    .await
+                    .map_err(redis_failure)?;
                 expect(reply, "STARTED")
             }
         }
@@ -247,18 +331,20 @@ impl Client {
         match self {
             Client::Http(c) => {
                 let path = format!("/v1/reservations/{id}/settle");
-                let (status, _) = c
-                    .post_json(&path, &json!({"actual_units": cfg.actual_units}))
-                    .await
-                    .map_err(http_failure)?;
+                let body = match cfg.dims {
+                    None => json!({"actual_units": cfg.actual_units}),
+                    Some(d) => json!({"usage": {"reported_input_tokens": d.reported_input_tokens,
+                        "output_tokens": d.output_tokens}}),
+                };
+                let (status, _) = c.post_json(&path, &body).await.map_err(http_failure)?;
                 expect_2xx(status)
             }
             Client::Redis(r, keys) => {
-                let reply = r
-                    .settle(&keys[slot], id, cfg.actual_units)
-                    .await
-                    .map_err(redis_failure)?;
-                expect(reply, "SETTLED")
+                let reply = match cfg.dims {
+                    None => r.settle(&keys[slot].keys, id, cfg.actual_units).await,
+                    Some(d) => r.settle_dims(&keys[slot], id, &d.used()).await,
+                };
+                expect(reply.map_err(redis_failure)?, "SETTLED")
             }
         }
     }
@@ -303,11 +389,13 @@ pub async fn publish(cfg: &RunConfig) -> Result<Option<Scripts>, String> {
                 .map_err(|e| format!("connecting to {url}: {e}"))?;
             if cfg.publish {
                 for s in &subjects {
-                    let reply = r
-                        .publish_policy(&Keys::new(s, &cfg.route), &cfg.policy)
+                    let keys = cfg.redis_keys(s);
+                    let policies = vec![cfg.policy.clone(); keys.buckets.len()];
+                    let replies = r
+                        .publish_dims(&keys, &policies)
                         .await
                         .map_err(|e| format!("publishing the policy of {s}: {e}"))?;
-                    if reply.status == "STALE" {
+                    if let Some(reply) = replies.iter().find(|r| r.status == "STALE") {
                         eprintln!(
                             "loadgen: bucket of {s} already has generation {}, using it",
                             reply.int(0)
@@ -404,7 +492,7 @@ pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
                     .await
                     .map_err(|e| format!("client {i} connecting to {url}: {e}"))?;
                 let keys = (0..cfg.subjects)
-                    .map(|s| Keys::new(&cfg.subject(s), &cfg.route))
+                    .map(|s| cfg.redis_keys(&cfg.subject(s)))
                     .collect();
                 Client::Redis(r, keys)
             }
@@ -455,8 +543,14 @@ pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
             target: cfg.target.kind(),
             clients: cfg.clients,
             subjects: cfg.subjects,
-            units: cfg.units,
-            actual_units: cfg.actual_units,
+            dimensions: cfg.dimensions().len(),
+            // Three dimensions: the tokens held and spent (input + output).
+            units: cfg
+                .dims
+                .map_or(cfg.units, |d| d.reserved()[1..].iter().sum()),
+            actual_units: cfg
+                .dims
+                .map_or(cfg.actual_units, |d| d.used()[1..].iter().sum()),
             warmup: cfg.warmup,
             measured,
             connections,

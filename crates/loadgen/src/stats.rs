@@ -160,9 +160,12 @@ pub struct Summary {
     pub clients: usize,
     /// Subjects (tenants) the clients are spread over.
     pub subjects: usize,
-    /// Units reserved per cycle.
+    /// Dimensions of the policy (1, or 3: requests, input and output tokens).
+    #[serde(default = "one")]
+    pub dimensions: usize,
+    /// Units reserved per cycle (three dimensions: input + output tokens).
     pub units: u64,
-    /// Units settled per cycle.
+    /// Units settled per cycle (three dimensions: input + output tokens).
     pub actual_units: u64,
     /// Warm-up excluded from the numbers, seconds.
     pub warmup_s: f64,
@@ -196,6 +199,10 @@ pub struct Summary {
     pub server_cpu_pct: Option<f64>,
 }
 
+fn one() -> usize {
+    1
+}
+
 /// What [`Summary::new`] needs besides the merged recorder.
 pub struct RunShape<'a> {
     /// See [`Summary::label`].
@@ -206,6 +213,8 @@ pub struct RunShape<'a> {
     pub clients: usize,
     /// See [`Summary::subjects`].
     pub subjects: usize,
+    /// See [`Summary::dimensions`].
+    pub dimensions: usize,
     /// See [`Summary::units`].
     pub units: u64,
     /// See [`Summary::actual_units`].
@@ -237,6 +246,7 @@ impl Summary {
             target: shape.target.to_string(),
             clients: shape.clients,
             subjects: shape.subjects,
+            dimensions: shape.dimensions,
             units: shape.units,
             actual_units: shape.actual_units,
             warmup_s: round(shape.warmup.as_secs_f64(), 1000.0),
@@ -279,9 +289,10 @@ impl Summary {
         let ms = |us: u64| us as f64 / 1000.0;
         let mut s = String::new();
         s.push_str(&format!(
-            "{} ({}): {} clients over {} subjects, {} cycles in {:.2} s (after {:.1} s warm-up)\n",
+            "{} ({}, {} dimension(s)): {} clients over {} subjects, {} cycles in {:.2} s (after {:.1} s warm-up)\n",
             self.label,
             self.target,
+            self.dimensions,
             self.clients,
             self.subjects,
             self.cycles,

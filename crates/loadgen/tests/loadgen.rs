@@ -1,5 +1,6 @@
 //! Tests of the Redis + Lua baseline against a real `redis-server` started on a
-//! free loopback port (one per test), and of the report's ratios.
+//! free loopback port (one per test), and of the report's ratios. The
+//! three-dimension scripts are tested in [`dims`].
 //!
 //! Without `redis-server` on the PATH the Redis tests are skipped with a loud
 //! message, unless `CI` is set, where they fail (`scripts/setup` installs it).
@@ -11,6 +12,9 @@ use reservoir_loadgen::report::{
 use reservoir_loadgen::run::{run, RunConfig, Stop, Target};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "loadgen/dims.rs"]
+mod dims;
 
 /// A `redis-server` without persistence on 127.0.0.1, killed on drop.
 struct Redis {
@@ -136,6 +140,7 @@ async fn lua_books_balance_after_a_bounded_contended_run() {
         epoch: "2026-11".into(),
         units: 600,
         actual_units: 180,
+        dims: None,
         stop: Stop::Cycles(1_500),
         warmup: Duration::ZERO,
         max_time: Duration::from_secs(30),
