@@ -43,10 +43,12 @@
 //! ```
 
 mod buckets;
+pub mod cold;
 pub mod command;
 pub mod decide;
 pub mod dimension;
 mod effect;
+pub mod epoch;
 pub mod event;
 pub mod ledger;
 pub mod partition;
@@ -59,9 +61,11 @@ pub mod sizing;
 pub mod types;
 pub mod usage;
 
+pub use cold::{check_cold_reservation, default_estimator, ColdCheck, ColdRouteNeverWarms};
 pub use command::Command;
 pub use decide::{decide, decide_retired, refusal_event};
 pub use dimension::{Dimension, DimensionAmounts, DimensionHold, DimensionLimit, DimensionState};
+pub use epoch::{Epoch, EpochLength};
 pub use event::{Event, EventBody, RefusalReason};
 pub use ledger::{check_moves, ConservationError, Ledger, MoveHalf, ShardLedger, Side, Term};
 pub use partition::{apply, apply_evicting, try_apply, try_apply_evicting, ApplyError, Partition};

@@ -3,7 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::dimension::{DimensionLimit, MAX_FURTHER_DIMENSIONS};
+use crate::epoch::EpochLength;
 use crate::rejection::InvalidInput;
+use crate::sizing::EstimatorConfig;
 use crate::types::{TimestampMs, Units};
 
 /// Largest capacity any single term may reach. Far above any real budget, far
@@ -118,6 +120,18 @@ pub struct Policy {
     /// settle (providers differ; by default they count).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exclude_cache_read_input_tokens: bool,
+    /// How reserves without units are sized on this route, carried by the
+    /// policy so every node and replay size alike from the log alone. `None`
+    /// in policies written before it (which named settings by
+    /// `estimator_digest` only, or sized with the defaults). Boxed: events
+    /// carry policies, and most events are far smaller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimator: Option<Box<EstimatorConfig>>,
+    /// How long an accounting epoch lasts; at its end the writer opens the
+    /// next epoch's partition under this policy and moves capacity and debt
+    /// across. `none` (the default, and every older policy): never rolls.
+    #[serde(default, skip_serializing_if = "EpochLength::is_none")]
+    pub epoch_length: EpochLength,
 }
 
 fn default_idempotency_window_ms() -> u64 {
@@ -164,6 +178,9 @@ impl Policy {
         if self.idempotency_window_ms == 0 || self.idempotency_window_ms > MAX_SPAN_MS {
             return bad("idempotency_window_ms");
         }
+        if let Some(estimator) = &self.estimator {
+            estimator.validate()?;
+        }
         if self.dimensions.len() > MAX_FURTHER_DIMENSIONS {
             return bad("dimensions");
         }
@@ -207,6 +224,8 @@ impl Policy {
             idempotency_window_ms: crate::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS,
             dimensions: Vec::new(),
             exclude_cache_read_input_tokens: false,
+            estimator: None,
+            epoch_length: EpochLength::None,
         }
     }
 

@@ -35,7 +35,8 @@ pub enum SizingRule {
     ColdCeiling,
 }
 
-/// The estimator settings of one route (part of the policy's estimator digest).
+/// The estimator settings of one route, carried by the published policy
+/// ([`crate::Policy::estimator`]), so every node and replay sizes alike.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EstimatorConfig {
     /// Quantile of the output distribution to reserve at, in ppm (750_000 = p75).
@@ -45,6 +46,9 @@ pub struct EstimatorConfig {
     /// Samples a route needs before its own distribution is trusted.
     pub min_samples: u64,
     pub default_max_tokens: Option<Units>,
+    /// A route whose warm estimate sizes this route while it is cold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sibling_route: Option<String>,
 }
 
 /// What the projections know of a route's output tokens at the configured quantile.
@@ -80,6 +84,11 @@ impl EstimatorConfig {
             .is_some_and(|m| m == 0 || m > MAX_UNITS)
         {
             return bad("estimator.default_max_tokens");
+        }
+        if let Some(sibling) = &self.sibling_route {
+            if crate::types::validate_id("route", sibling).is_err() {
+                return bad("estimator.sibling_route");
+            }
         }
         Ok(())
     }
@@ -154,6 +163,7 @@ mod tests {
             ceiling_units: 8_192,
             min_samples: 200,
             default_max_tokens: None,
+            sibling_route: None,
         }
     }
 

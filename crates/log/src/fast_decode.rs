@@ -14,9 +14,9 @@
 //! require the same answer.
 
 use reservoir_core::{
-    CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, Event, EventBody,
-    MoveId, OperationId, PartitionKey, Policy, RefillRule, RefusalReason, RequestDigest,
-    ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
+    CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, EpochLength,
+    EstimatorConfig, Event, EventBody, MoveId, OperationId, PartitionKey, Policy, RefillRule,
+    RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
 };
 
 use crate::codec::{self, CLAIM_ID, ENVELOPE_ID, MAGIC_BYTE};
@@ -441,6 +441,21 @@ impl Reader<'_> {
             idempotency_window_ms: self.u64()?,
             dimensions: self.array(Self::dimension_limit)?,
             exclude_cache_read_input_tokens: self.boolean()?,
+            estimator: match self.index(2)? {
+                0 => None,
+                _ => Some(Box::new(EstimatorConfig {
+                    quantile_ppm: self.u64()?,
+                    floor_units: self.u64()?,
+                    ceiling_units: self.u64()?,
+                    min_samples: self.u64()?,
+                    default_max_tokens: self.opt_u64()?,
+                    sibling_route: match self.index(2)? {
+                        0 => None,
+                        _ => Some(self.string()?),
+                    },
+                })),
+            },
+            epoch_length: EpochLength::from_name(self.str()?)?,
         })
     }
 }

@@ -132,10 +132,20 @@ pub struct PublishPolicy {
     pub accounting_epoch: String,
     #[schema(value_type = PolicyDoc)]
     pub policy: Policy,
-    /// How reserves without `units` are sized on this route; its digest
-    /// becomes the policy's `estimator_digest` (give that empty or equal).
+    /// How reserves without `units` are sized on this route (or give it as
+    /// `policy.estimator`). Absent: the defaults, written into the policy.
+    /// Its digest becomes the policy's `estimator_digest` (give that empty or
+    /// equal).
     #[serde(default)]
     pub estimator: Option<EstimatorBody>,
+    /// Counted input tokens of a typical request on the route (default 500
+    /// when an estimator is given). The publish is refused (422
+    /// `cold_route_never_warms`) when a cold route's reserve for it is above
+    /// what some dimension admits, since then no sized reserve is ever
+    /// admitted and the route never warms. Not checked for the default
+    /// estimator unless given.
+    #[serde(default)]
+    pub typical_input_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
@@ -152,8 +162,9 @@ pub struct ActivePolicy {
     pub accounting_epoch: String,
     #[schema(value_type = PolicyDoc)]
     pub policy: Policy,
-    /// The estimator settings stored under the policy's `estimator_digest`
-    /// (absent: sized with the defaults).
+    /// The estimator settings the route is sized with (the policy's own;
+    /// for a policy logged before they were, those stored on this node under
+    /// its `estimator_digest`; absent: the defaults).
     pub estimator: Option<EstimatorBody>,
 }
 
@@ -265,6 +276,23 @@ pub struct PolicyDoc {
     /// Optional (default false): leave cache-read input tokens out of the
     /// input dimensions at settle.
     exclude_cache_read_input_tokens: Option<bool>,
+    /// Optional: how reserves without units are sized (the publish writes
+    /// the defaults in when none is given), in the log with the policy.
+    estimator: Option<EstimatorBody>,
+    /// Optional (default `none`): `hourly`, `daily` or `monthly` (UTC) to have
+    /// the writer open the next accounting epoch's partition at each boundary
+    /// and move capacity and debt into it.
+    epoch_length: Option<EpochLengthDoc>,
+}
+
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum EpochLengthDoc {
+    None,
+    Hourly,
+    Daily,
+    Monthly,
 }
 
 #[allow(dead_code)]
@@ -374,14 +402,7 @@ pub async fn publish_policy(
 ) -> Result<Response, ApiError> {
     let writers = state.writers()?;
     let mut body = body;
-    if let Some(estimator) = &body.estimator {
-        let digest = check_estimator(estimator, &body.policy)?;
-        state
-            .estimators()
-            .put(estimator)
-            .map_err(|e| ApiError::unavailable(format!("cannot store the estimator: {e}")))?;
-        body.policy.estimator_digest = digest;
-    }
+    settle_sizing(&mut body)?;
     let p = &body.policy;
     let key = PartitionKey::new(
         p.subject.clone(),
@@ -533,7 +554,11 @@ pub async fn get_policy(
         Answer::Policy { key, policy } => Ok(Json(ActivePolicy {
             partition_key: (&key).into(),
             accounting_epoch: key.accounting_epoch.clone(),
-            estimator: state.estimators().get(&policy.estimator_digest),
+            estimator: policy
+                .estimator
+                .as_ref()
+                .map(|e| EstimatorBody::from(&**e))
+                .or_else(|| state.estimators().get(&policy.estimator_digest)),
             policy: *policy,
         })
         .into_response()),
@@ -649,25 +674,64 @@ pub async fn reserve(
     receipt_response(writers.call(shard, request).await?)
 }
 
-/// Validates an estimator against the policy it is published with; its digest.
-fn check_estimator(estimator: &EstimatorBody, policy: &Policy) -> Result<String, ApiError> {
+/// Fixes the sizing settings of a publish into its policy (so they are in
+/// the log): the stated estimator (top level or `policy.estimator`, which
+/// must agree), else the defaults; its digest as `estimator_digest`. Refuses
+/// settings under which a cold route's reserve for a typical input is never
+/// admissible (see [`PublishPolicy::typical_input_tokens`]).
+fn settle_sizing(body: &mut PublishPolicy) -> Result<(), ApiError> {
     let invalid =
         |detail: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", detail);
-    estimator
-        .config()
-        .validate()
-        .map_err(|e| invalid(e.to_string()))?;
-    if let Some(sibling) = &estimator.sibling_route {
-        PartitionKey::new(policy.subject.clone(), sibling.clone(), "e", 0)
-            .map_err(|e| invalid(format!("estimator.sibling_route: {e}")))?;
+    // The policy's own problems first: the defaults are derived from it.
+    body.policy.validate().map_err(|e| invalid(e.to_string()))?;
+    let stated = body.estimator.as_ref().map(EstimatorBody::config);
+    let estimator = match (stated, body.policy.estimator.take()) {
+        (Some(top), Some(inner)) if top != *inner => {
+            return Err(invalid(
+                "estimator and policy.estimator differ (give one of them)".to_string(),
+            ))
+        }
+        (Some(config), _) => Some(config),
+        (None, Some(config)) => Some(*config),
+        (None, None) => None,
+    };
+    let checked = estimator.is_some() || body.typical_input_tokens.is_some();
+    if estimator.is_none() && !body.policy.estimator_digest.is_empty() {
+        return Err(invalid(
+            "policy.estimator_digest names settings the publish does not carry: give the estimator itself".to_string(),
+        ));
     }
-    let digest = estimator.digest();
-    if !policy.estimator_digest.is_empty() && policy.estimator_digest != digest {
+    let estimator = estimator.unwrap_or_else(|| reservoir_core::default_estimator(&body.policy));
+    estimator.validate().map_err(|e| invalid(e.to_string()))?;
+    let digest = EstimatorBody::from(&estimator).digest();
+    if !body.policy.estimator_digest.is_empty() && body.policy.estimator_digest != digest {
         return Err(invalid(format!(
             "policy.estimator_digest is not the estimator's digest {digest} (leave it empty)"
         )));
     }
-    Ok(digest)
+    if checked {
+        let typical = body
+            .typical_input_tokens
+            .unwrap_or(reservoir_core::cold::DEFAULT_TYPICAL_INPUT_TOKENS);
+        match reservoir_core::check_cold_reservation(&body.policy, &estimator, typical) {
+            Ok(_) => {}
+            Err(reservoir_core::ColdCheck::Invalid(e)) => {
+                return Err(invalid(format!("typical_input_tokens: {e}")))
+            }
+            Err(reservoir_core::ColdCheck::NeverWarms(never)) => {
+                let mut error = ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "cold_route_never_warms",
+                    never.to_string(),
+                );
+                error.problem.limiting_dimension = Some(never.dimension.name().to_string());
+                return Err(error);
+            }
+        }
+    }
+    body.policy.estimator = Some(Box::new(estimator));
+    body.policy.estimator_digest = digest;
+    Ok(())
 }
 
 /// The partition holding reservation `id` and its writer shard, or a 404.
@@ -897,6 +961,7 @@ async fn openapi_json() -> impl IntoResponse {
         RefillRuleDoc,
         CapacityUnitDoc,
         EmergencyModeDoc,
+        EpochLengthDoc,
         PartitionView
     ))
 )]

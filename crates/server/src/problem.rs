@@ -9,6 +9,7 @@
 //! | `open_reservations_limit` | 429 | a million reservations hold capacity in the partition; `Retry-After` = the hold TTL (by then every unstarted one is settled, released or expired) |
 //! | `request_too_large` | 422 | never admissible under this policy: retrying cannot help, so not 429 |
 //! | `exists_with_different_digest` | 422 | same id, other request |
+//! | `cold_route_never_warms` | 422 | a publish whose cold reserve for a typical input no dimension admits; `limiting_dimension` names the one |
 //! | `invalid_input`, `invalid_request`, `invalid_id` | 422 | well-formed JSON with bad values or unknown fields |
 //! | `malformed_json` | 400 | not JSON at all |
 //! | `payload_too_large` | 413 | body above the configured limit (64 KiB by default) |

@@ -6,14 +6,16 @@
 //! ceiling). Drift and digests come from the projections ([`crate::queries`]),
 //! as far as they have followed the log when the reserve arrives.
 //!
-//! The estimator settings travel with the policy: `POST /v1/policies` may carry
-//! an `estimator` object; its canonical JSON's sha256 becomes the policy's
-//! `estimator_digest` (recorded in the log with the policy), and the object
-//! itself is kept content-addressed in `<data-dir>/estimators/<hex>.json`, so a
-//! restart finds the settings of every policy it recovers. A policy without an
-//! estimator sizes with [`default_estimator`]. Settings are local to a node:
-//! on Kafka with several nodes, publish through each node (or share the
-//! directory).
+//! The estimator settings are part of the published policy
+//! (`Policy::estimator`, in the log): `POST /v1/policies` may carry an
+//! `estimator` object, else the policy gets
+//! [`reservoir_core::default_estimator`]'s settings written into it, so any
+//! node — a restarted one, a Kafka failover, a second server on the same log —
+//! sizes from the log alone. The canonical JSON's sha256 is still recorded as
+//! `estimator_digest`. Policies logged before the settings moved into the log
+//! name them by digest only; for those the node's
+//! `<data-dir>/estimators/<hex>.json` (written by older versions) is read, and
+//! a node without the file answers 409 `estimator_unknown`, as it did before.
 //!
 //! The request digest of a sized reserve covers its sizing inputs (counted
 //! input and `max_tokens`), not the units they produced, so a retry with the
@@ -24,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use reservoir_core::sizing::PPM;
-use reservoir_core::{Dimension, EstimatorConfig, Policy, RequestDigest};
+use reservoir_core::{EstimatorConfig, Policy, RequestDigest};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
@@ -63,6 +65,7 @@ impl EstimatorBody {
             ceiling_units: self.ceiling_units,
             min_samples: self.min_samples,
             default_max_tokens: self.default_max_tokens,
+            sibling_route: self.sibling_route.clone(),
         }
     }
 
@@ -74,24 +77,35 @@ impl EstimatorBody {
     }
 }
 
-/// Settings of a policy that names no estimator: p90 of the route's output,
-/// floor 1, and as the ceiling the largest reservation of the dimension that
-/// limits output (`output_tokens`, else `tokens`, else the primary one): a
-/// cold route reserves everything one request may take.
-pub fn default_estimator(policy: &Policy) -> EstimatorBody {
-    let output_limit = [Dimension::OutputTokens, Dimension::Tokens]
-        .into_iter()
-        .find_map(|d| policy.dimension_index(d))
-        .map_or(policy.max_reservation_units, |i| {
-            policy.limit(i).max_reservation_units
-        });
-    EstimatorBody {
-        quantile_ppm: 900_000,
-        floor_units: 1,
-        ceiling_units: output_limit.max(1),
-        min_samples: 100,
-        default_max_tokens: None,
-        sibling_route: None,
+impl From<&EstimatorConfig> for EstimatorBody {
+    fn from(c: &EstimatorConfig) -> Self {
+        EstimatorBody {
+            quantile_ppm: c.quantile_ppm,
+            floor_units: c.floor_units,
+            ceiling_units: c.ceiling_units,
+            min_samples: c.min_samples,
+            default_max_tokens: c.default_max_tokens,
+            sibling_route: c.sibling_route.clone(),
+        }
+    }
+}
+
+/// The settings a policy sizes with: its own (in the log), else — for a
+/// policy logged before they were — the node's legacy store by digest, else
+/// the defaults.
+pub fn estimator_of(
+    policy: &Policy,
+    legacy: &EstimatorStore,
+) -> Result<EstimatorConfig, SizingFailure> {
+    match (&policy.estimator, policy.estimator_digest.is_empty()) {
+        (Some(config), _) => Ok((**config).clone()),
+        (None, true) => Ok(reservoir_core::default_estimator(policy)),
+        (None, false) => legacy
+            .get(&policy.estimator_digest)
+            .map(|body| body.config())
+            .ok_or_else(|| SizingFailure::EstimatorUnknown {
+                digest: policy.estimator_digest.clone(),
+            }),
     }
 }
 
@@ -115,8 +129,9 @@ pub fn drift_ppm(projected: Option<u64>) -> u64 {
         .clamp(PPM, reservoir_core::sizing::MAX_DRIFT_PPM)
 }
 
-/// Estimator settings by digest: in memory, backed by
-/// `<data-dir>/estimators/<hex>.json`.
+/// Estimator settings by digest, read from `<data-dir>/estimators/<hex>.json`
+/// (written by versions that kept them outside the log): only for policies
+/// logged without their settings.
 #[derive(Clone, Default)]
 pub struct EstimatorStore {
     inner: Arc<RwLock<StoreInner>>,
@@ -138,29 +153,6 @@ impl EstimatorStore {
         let hex = digest.strip_prefix(DIGEST_PREFIX)?;
         (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
             .then(|| dir.join(format!("{hex}.json")))
-    }
-
-    /// Stores `body` durably (write, sync, rename) under its digest.
-    pub fn put(&self, body: &EstimatorBody) -> Result<String, String> {
-        let digest = body.digest();
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(dir) = inner.dir.clone() {
-            let path = Self::file(&dir, &digest).expect("own digest");
-            if !path.exists() {
-                std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-                let tmp = path.with_extension("tmp");
-                let bytes = serde_json::to_vec_pretty(body).map_err(|e| e.to_string())?;
-                {
-                    use std::io::Write;
-                    let mut f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
-                    f.write_all(&bytes).map_err(|e| e.to_string())?;
-                    f.sync_all().map_err(|e| e.to_string())?;
-                }
-                std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
-            }
-        }
-        inner.cache.insert(digest.clone(), body.clone());
-        Ok(digest)
     }
 
     /// The settings stored under `digest`, if any.
@@ -187,7 +179,8 @@ impl EstimatorStore {
 /// Why a reserve the server was to size could not be sized.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SizingFailure {
-    /// The policy names estimator settings this node does not have.
+    /// A policy logged before settings were in the log names settings by a
+    /// digest this node has no file for.
     EstimatorUnknown { digest: String },
     /// The inputs cannot be sized (see `reservoir_core::size_reservation`).
     Invalid(String),
@@ -220,20 +213,11 @@ impl Sizer for ProjectionSizer {
         counted_input_tokens: u64,
         max_tokens: Option<u64>,
     ) -> Result<reservoir_core::Sizing, SizingFailure> {
-        let estimator = if policy.estimator_digest.is_empty() {
-            default_estimator(policy)
-        } else {
-            self.estimators
-                .get(&policy.estimator_digest)
-                .ok_or_else(|| SizingFailure::EstimatorUnknown {
-                    digest: policy.estimator_digest.clone(),
-                })?
-        };
-        let config = estimator.config();
+        let config = estimator_of(policy, &self.estimators)?;
         let (drift, own, sibling) = crate::queries::sizing_inputs(
             &self.queries,
             &policy.route,
-            estimator.sibling_route.as_deref(),
+            config.sibling_route.as_deref(),
             config.quantile_ppm,
         );
         reservoir_core::size_reservation(

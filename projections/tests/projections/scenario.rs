@@ -40,6 +40,7 @@ fn p90() -> EstimatorConfig {
         ceiling_units: 4_000,
         min_samples: 100,
         default_max_tokens: None,
+        sibling_route: None,
     }
 }
 

@@ -26,9 +26,9 @@ use std::sync::LazyLock;
 use apache_avro::schema::Schema;
 use apache_avro::types::Value;
 use reservoir_core::{
-    CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, Event, EventBody,
-    MoveId, OperationId, PartitionKey, Policy, RefillRule, RefusalReason, RequestDigest,
-    ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
+    CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, EpochLength,
+    EstimatorConfig, Event, EventBody, MoveId, OperationId, PartitionKey, Policy, RefillRule,
+    RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
 };
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -58,7 +58,7 @@ pub const MAX_EVENTS_PER_RECORD: usize = 4096;
 
 /// Current schema id of `io.reservoir.v1.Envelope` (a [`Record`]). Id 1, the
 /// first version, stays readable: its values decode with `usage`/`sizing` null.
-pub const ENVELOPE_ID: u32 = 10;
+pub const ENVELOPE_ID: u32 = 12;
 /// Current schema id of `io.reservoir.v1.Claim`.
 pub const CLAIM_ID: u32 = 2;
 
@@ -199,6 +199,16 @@ pub const REGISTERED_SCHEMAS: &[(u32, &str)] = &[
     (
         10,
         include_str!("../../../../schemas/registered/10-Envelope.avsc"),
+    ),
+    // AdmissionBudget v4 and Envelope v5: AdmissionBudget.estimator (the
+    // sizing settings, default null) and epochLength (default "none").
+    (
+        11,
+        include_str!("../../../../schemas/registered/11-AdmissionBudget.avsc"),
+    ),
+    (
+        12,
+        include_str!("../../../../schemas/registered/12-Envelope.avsc"),
     ),
 ];
 

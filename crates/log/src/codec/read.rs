@@ -600,5 +600,41 @@ fn read_policy(mut f: Fields) -> Result<Policy, CodecError> {
         },
         exclude_cache_read_input_tokens: f
             .boolean("AdmissionBudget.excludeCacheReadInputTokens")?,
+        estimator: match unwrap_union(f.take("AdmissionBudget.estimator")?) {
+            Value::Null => None,
+            value => Some(Box::new(read_estimator(Fields::of(
+                value,
+                "EstimatorSettings",
+            )?)?)),
+        },
+        epoch_length: {
+            let name = f.string("AdmissionBudget.epochLength")?;
+            EpochLength::from_name(&name).ok_or_else(|| {
+                shape(
+                    "AdmissionBudget.epochLength",
+                    format!("unknown epoch length {name:?}"),
+                )
+            })?
+        },
+    })
+}
+
+fn read_estimator(mut f: Fields) -> Result<EstimatorConfig, CodecError> {
+    Ok(EstimatorConfig {
+        quantile_ppm: f.u64("EstimatorSettings.quantilePpm")?,
+        floor_units: f.u64("EstimatorSettings.floorUnits")?,
+        ceiling_units: f.u64("EstimatorSettings.ceilingUnits")?,
+        min_samples: f.u64("EstimatorSettings.minSamples")?,
+        default_max_tokens: f.opt_u64("EstimatorSettings.defaultMaxTokens")?,
+        sibling_route: match unwrap_union(f.take("EstimatorSettings.siblingRoute")?) {
+            Value::Null => None,
+            Value::String(s) => Some(s),
+            other => {
+                return Err(shape(
+                    "EstimatorSettings.siblingRoute",
+                    format!("{other:?}"),
+                ))
+            }
+        },
     })
 }

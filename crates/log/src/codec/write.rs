@@ -473,6 +473,25 @@ fn write_policy(out: &mut Vec<u8>, p: &Policy) -> Result<(), CodecError> {
     }
     put_long(out, 0);
     put_bool(out, p.exclude_cache_read_input_tokens);
+    match &p.estimator {
+        None => put_long(out, 0),
+        Some(e) => {
+            put_long(out, 1);
+            put_u64(out, "estimator.quantilePpm", e.quantile_ppm)?;
+            put_u64(out, "estimator.floorUnits", e.floor_units)?;
+            put_u64(out, "estimator.ceilingUnits", e.ceiling_units)?;
+            put_u64(out, "estimator.minSamples", e.min_samples)?;
+            put_opt_u64(out, "estimator.defaultMaxTokens", e.default_max_tokens)?;
+            match &e.sibling_route {
+                None => put_long(out, 0),
+                Some(route) => {
+                    put_long(out, 1);
+                    put_str(out, route);
+                }
+            }
+        }
+    }
+    put_str(out, p.epoch_length.name());
     Ok(())
 }
 

@@ -317,6 +317,16 @@ fn records_the_seeds_name_match_their_rust_types() {
     // With every optional part set, so serde writes every field.
     let policy = reservoir_core::Policy {
         exclude_cache_read_input_tokens: true,
+        estimator: Some(Box::new(reservoir_core::EstimatorConfig {
+            default_max_tokens: Some(1_024),
+            sibling_route: Some("chat.summarize".to_string()),
+            ..reservoir_core::default_estimator(&reservoir_core::Policy::example_three_dimensions(
+                "tenant-7",
+                "chat.generate",
+                31,
+            ))
+        })),
+        epoch_length: reservoir_core::EpochLength::Daily,
         ..reservoir_core::Policy::example_three_dimensions("tenant-7", "chat.generate", 31)
     };
     let json = serde_json::to_value(&policy).unwrap();
@@ -680,6 +690,8 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                             "dimension",
                             "dimensions",
                             "excludeCacheReadInputTokens",
+                            "estimator",
+                            "epochLength",
                         ]
                         .contains(&n.as_str())
                     })
@@ -721,6 +733,8 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                     policy.idempotency_window_ms = default;
                     policy.dimensions.clear();
                     policy.exclude_cache_read_input_tokens = false;
+                    policy.estimator = None;
+                    policy.epoch_length = reservoir_core::EpochLength::None;
                 }
                 _ => {}
             }

@@ -249,6 +249,16 @@ pub fn three_dimension_events() -> Vec<Event> {
     };
     let policy = Policy {
         exclude_cache_read_input_tokens: true,
+        estimator: Some(Box::new(reservoir_core::EstimatorConfig {
+            default_max_tokens: Some(1_024),
+            sibling_route: Some("chat.summarize".to_string()),
+            ..reservoir_core::default_estimator(&reservoir_core::Policy::example_three_dimensions(
+                "tenant-7",
+                "chat.generate",
+                31,
+            ))
+        })),
+        epoch_length: reservoir_core::EpochLength::Daily,
         ..Policy::example_three_dimensions("tenant-7", "chat.generate", 40)
     };
     let key = PartitionKey::new("tenant-7", "chat.generate", "2026-12", 40).unwrap();

@@ -95,6 +95,10 @@ async fn openapi_document_matches_the_contract() {
     // With every optional part set, so serde writes every field.
     let core = serde_json::to_value(Policy {
         exclude_cache_read_input_tokens: true,
+        estimator: Some(Box::new(reservoir_core::default_estimator(
+            &Policy::example("t", "r", 1),
+        ))),
+        epoch_length: reservoir_core::EpochLength::Daily,
         ..Policy::example_three_dimensions("t", "r", 1)
     })
     .unwrap();

@@ -194,12 +194,19 @@ async fn reserves_without_units_are_sized_and_the_rule_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sizing_inputs_and_estimators_are_validated() {
     let (s, _log, _dir) = TestServer::memory().await;
-    // A policy without an estimator sizes with the defaults: the ceiling is
-    // the policy's largest reservation.
+    // A policy without an estimator sizes with the defaults, written into
+    // the policy: the ceiling is the policy's largest reservation less the
+    // typical input (500), as input lands in the same dimension.
     s.publish(&policy("t", "plain", 1, 10_000, 0), "e").await;
-    let (status, r) = sized(&s, "a", "plain", json!({"counted_input_tokens": 0})).await;
+    let (status, r) = sized(&s, "a", "plain", json!({"counted_input_tokens": 500})).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
     assert_eq!(r["reserved_units"], 10_000);
+    let (_, active) = s.get("/v1/policies/t/plain").await;
+    assert_eq!(
+        active["policy"]["estimator"]["ceiling_units"], 9_500,
+        "{active}"
+    );
+    assert_eq!(active["estimator"]["ceiling_units"], 9_500, "{active}");
 
     for (body, why) in [
         (
@@ -244,6 +251,117 @@ async fn sizing_inputs_and_estimators_are_validated() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    s.assert_conserved().await;
+    s.stop().await;
+}
+
+/// Sizing settings are in the log: a server that never saw the publish (its
+/// own, empty data directory, on the same log) sizes a reserve exactly as the
+/// one that took the publish did; none writes an estimator file any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_saw_the_publish_sizes_from_the_log_alone() {
+    let (first, log, first_dir) = TestServer::memory().await;
+    let estimator = json!({"quantile_ppm": 900_000, "floor_units": 100,
+        "ceiling_units": 4_000, "min_samples": 5, "default_max_tokens": null,
+        "sibling_route": "chat-v0"});
+    let (status, body) = publish_with(&first, "chat", estimator.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, a) = sized(&first, "a", "chat", json!({"counted_input_tokens": 500})).await;
+    assert_eq!(status, StatusCode::CREATED, "{a}");
+    assert_eq!(a["reserved_units"], 4_500);
+    first.assert_conserved().await;
+    first.stop().await;
+    assert!(
+        !first_dir.path().join("estimators").exists(),
+        "nothing kept beside the log"
+    );
+
+    let second_dir = tempfile::tempdir().unwrap();
+    let second = TestServer::start(log.clone(), test_config(second_dir.path())).await;
+    let (status, active) = second.get("/v1/policies/t/chat").await;
+    assert_eq!(status, StatusCode::OK, "{active}");
+    assert_eq!(active["estimator"], estimator, "{active}");
+    let (status, b) = sized(&second, "b", "chat", json!({"counted_input_tokens": 500})).await;
+    assert_eq!(status, StatusCode::CREATED, "{b}");
+    assert_eq!(b["sizing"], a["sizing"], "{b}");
+    assert_eq!(b["sizing"]["rule"], "cold_ceiling", "{b}");
+    // The logged events agree: both sized by the same rule to the same units.
+    let recorded = sizings(&log).await;
+    assert_eq!(recorded["a"], recorded["b"]);
+    second.assert_conserved().await;
+    second.stop().await;
+}
+
+/// Publishing refuses sizing settings under which a cold route's reserve for
+/// a typical input exceeds what some dimension admits (the route could never
+/// settle a sized call, so never warm), naming the dimension.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_refuses_settings_under_which_a_cold_route_never_warms() {
+    let (s, _log, _dir) = TestServer::memory().await;
+    let readme = reservoir_core::Policy::example("t", "readme", 1); // max_reservation 8,000
+    let three = reservoir_core::Policy::example_three_dimensions("t", "three", 1);
+    let est = |ceiling: u64| {
+        json!({"quantile_ppm": 900_000, "floor_units": 1,
+        "ceiling_units": ceiling, "min_samples": 100})
+    };
+    // (route, policy, estimator, typical input) -> (status, refusing dimension)
+    let rows = [
+        // The new user: an 8,192-token ceiling + 500 input > 8,000.
+        ("a", &readme, Some(est(8_192)), None, 422, Some("tokens")),
+        ("b", &readme, Some(est(7_900)), Some(100), 201, None),
+        ("c", &readme, Some(est(7_500)), None, 201, None),
+        (
+            "d",
+            &readme,
+            Some(est(7_500)),
+            Some(501),
+            422,
+            Some("tokens"),
+        ),
+        // The defaults leave room for a typical input.
+        ("e", &readme, None, Some(500), 201, None),
+        ("f", &readme, None, None, 201, None),
+        (
+            "g",
+            &three,
+            Some(est(20_001)),
+            None,
+            422,
+            Some("output_tokens"),
+        ),
+        ("h", &three, None, Some(100_001), 422, Some("input_tokens")),
+        ("i", &three, None, Some(100_000), 201, None),
+    ];
+    for (route, policy, estimator, typical, status, dimension) in rows {
+        let policy = reservoir_core::Policy {
+            route: route.to_string(),
+            ..policy.clone()
+        };
+        let mut body = json!({"accounting_epoch": "e", "policy": policy});
+        if let Some(estimator) = estimator {
+            body["estimator"] = estimator;
+        }
+        if let Some(typical) = typical {
+            body["typical_input_tokens"] = json!(typical);
+        }
+        let (got, answer) = s.post("/v1/policies", body).await;
+        assert_eq!(got.as_u16(), status, "{route}: {answer}");
+        if let Some(dimension) = dimension {
+            assert_eq!(
+                problem_type(&answer),
+                "cold_route_never_warms",
+                "{route}: {answer}"
+            );
+            assert_eq!(answer["limiting_dimension"], dimension, "{route}: {answer}");
+            let (status, _) = s.get(&format!("/v1/policies/t/{route}")).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{route}: nothing published");
+        }
+    }
+    // A route published with the defaults admits a cold sized reserve of a
+    // typical request, so it can settle and warm.
+    let (status, r) = sized(&s, "cold", "f", json!({"counted_input_tokens": 500})).await;
+    assert_eq!(status, StatusCode::CREATED, "{r}");
+    assert_eq!(r["reserved_units"], 8_000, "{r}");
     s.assert_conserved().await;
     s.stop().await;
 }
