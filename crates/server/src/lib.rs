@@ -29,6 +29,7 @@
 
 pub mod api;
 pub mod app;
+pub mod bodies;
 pub mod clock;
 pub mod cluster;
 pub mod config;
