@@ -7,7 +7,7 @@
 //! numbers they have not checked. Dimension `i` is the primary for `i = 0`
 //! (see [`crate::dimension`]).
 
-use crate::dimension::DimensionAmounts;
+use crate::dimension::{DimensionAmounts, MAX_DIMENSIONS};
 use crate::event::EventBody;
 use crate::partition::Partition;
 use crate::policy::Policy;
@@ -26,9 +26,11 @@ pub(crate) fn pending_refill(
     let mut all = (0..policy.dimension_count()).map(|i| {
         let limit = policy.limit(i);
         let ledger = partition.ledger_of(i);
-        let credit = limit
-            .refill
-            .credit(partition.refill_anchor_ms, now, remainder(partition, i));
+        let credit = limit.refill.credit(
+            partition.refill_anchor_ms,
+            now,
+            partition.refill_remainder_of(i),
+        );
         any |= credit.credit_units > 0;
         let debt = ledger.debt_units().unwrap_or(0);
         let repaid_units = credit.credit_units.min(debt);
@@ -70,16 +72,8 @@ pub(crate) fn pending_refill(
     ))
 }
 
-/// The carried refill remainder of dimension `i`.
-fn remainder(partition: &Partition, i: usize) -> u64 {
-    match i {
-        0 => partition.refill_remainder,
-        i => partition.further[i - 1].refill_remainder,
-    }
-}
-
 /// One dimension as a reserve sees it: after the pending refill.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Bucket {
     pub available: Units,
     pub debt: Units,
@@ -88,20 +82,21 @@ pub(crate) struct Bucket {
     pub remainder: u64,
 }
 
-/// Every dimension's bucket after `refill` (the [`pending_refill`], if any).
+/// Every dimension's bucket after `refill` (the [`pending_refill`], if any),
+/// primary first; the first `policy.dimension_count()` entries are used. A
+/// fixed array: the reserve path allocates nothing for it.
 pub(crate) fn after_refill(
     partition: &Partition,
     refill: Option<&(EventBody, Vec<DimensionAmounts>)>,
-) -> Vec<Bucket> {
-    partition
-        .ledgers()
-        .enumerate()
-        .map(|(i, ledger)| {
+) -> [Bucket; MAX_DIMENSIONS] {
+    let mut buckets = [Bucket::default(); MAX_DIMENSIONS];
+    for ((i, ledger), slot) in partition.ledgers().enumerate().zip(&mut buckets) {
+        *slot = {
             let mut bucket = Bucket {
                 available: ledger.available_units,
                 debt: ledger.debt_units().unwrap_or(0),
                 reserved: ledger.reserved_units,
-                remainder: remainder(partition, i),
+                remainder: partition.refill_remainder_of(i),
             };
             let amounts = refill.map(|(body, further)| match i {
                 0 => crate::partition::primary_amounts(body).expect("a refill moves amounts"),
@@ -122,8 +117,9 @@ pub(crate) fn after_refill(
                 bucket.remainder = remainder;
             }
             bucket
-        })
-        .collect()
+        };
+    }
+    buckets
 }
 
 /// The enforcement decision for a reserve of `units[i]` in each dimension, in

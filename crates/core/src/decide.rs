@@ -356,11 +356,13 @@ fn decide_open(
             }
             let refill = buckets::pending_refill(partition, policy, now);
             let after = buckets::after_refill(partition, refill.as_ref());
-            let all_units: Vec<Units> = std::iter::once(*units)
-                .chain(further_units.iter().copied())
-                .collect();
+            // Every dimension's units, primary first (the count was checked above).
+            let n = policy.dimension_count();
+            let mut all_units = [0; crate::dimension::MAX_DIMENSIONS];
+            all_units[0] = *units;
+            all_units[1..n].copy_from_slice(further_units);
             let leases = |i: usize| unstarted_leases(partition, i, now);
-            let verdict = buckets::admission(policy, &all_units, &after, &leases);
+            let verdict = buckets::admission(policy, &all_units[..n], &after[..n], &leases);
             let (holds, shadow) = match (verdict, policy.shadow_mode) {
                 (Ok(()), false) => (true, None),
                 (Ok(()), true) => (true, Some(ShadowVerdict::WouldAdmit)),

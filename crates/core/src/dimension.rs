@@ -138,33 +138,68 @@ impl DimensionLimit {
         self.max_reservation_units.min(self.burst_units)
     }
 
-    /// Checks the fields for sense; `field` names the first bad one.
-    pub(crate) fn validate(&self) -> Result<(), InvalidInput> {
+    /// Checks the fields for sense; the error names the first bad one by
+    /// `names` (the primary dimension's field names are the policy's own,
+    /// [`PRIMARY_FIELDS`]; a further dimension's, [`FURTHER_FIELDS`]).
+    pub(crate) fn validate(&self, names: &LimitFieldNames) -> Result<(), InvalidInput> {
         let bad = |field: &'static str| Err(InvalidInput::Policy { field });
         if self.burst_units == 0 || self.burst_units > MAX_UNITS {
-            return bad("dimensions[].burst_units");
+            return bad(names.burst_units);
         }
         if self.opening_units > self.burst_units {
-            return bad("dimensions[].opening_units");
+            return bad(names.opening_units);
         }
         if self.max_reservation_units == 0 || self.max_reservation_units > MAX_UNITS {
-            return bad("dimensions[].max_reservation_units");
+            return bad(names.max_reservation_units);
         }
         if self.max_overdraft_units > MAX_UNITS {
-            return bad("dimensions[].max_overdraft_units");
+            return bad(names.max_overdraft_units);
         }
         if self.refill.units > MAX_UNITS {
-            return bad("dimensions[].refill.units");
+            return bad(names.refill_units);
         }
         if self.refill.interval_ms == 0 || self.refill.interval_ms > crate::policy::MAX_SPAN_MS {
-            return bad("dimensions[].refill.interval_ms");
+            return bad(names.refill_interval_ms);
         }
         Ok(())
     }
 }
 
-/// Most further dimensions a policy may name (every [`Dimension`] at most once).
-pub const MAX_FURTHER_DIMENSIONS: usize = Dimension::ALL.len() - 1;
+/// How a validation error names a dimension's fields.
+pub(crate) struct LimitFieldNames {
+    burst_units: &'static str,
+    opening_units: &'static str,
+    max_reservation_units: &'static str,
+    max_overdraft_units: &'static str,
+    refill_units: &'static str,
+    refill_interval_ms: &'static str,
+}
+
+/// The primary dimension's fields: the policy's top-level ones.
+pub(crate) const PRIMARY_FIELDS: LimitFieldNames = LimitFieldNames {
+    burst_units: "burst_units",
+    opening_units: "opening_units",
+    max_reservation_units: "max_reservation_units",
+    max_overdraft_units: "max_overdraft_units",
+    refill_units: "refill.units",
+    refill_interval_ms: "refill.interval_ms",
+};
+
+/// A further dimension's fields, inside `dimensions`.
+pub(crate) const FURTHER_FIELDS: LimitFieldNames = LimitFieldNames {
+    burst_units: "dimensions[].burst_units",
+    opening_units: "dimensions[].opening_units",
+    max_reservation_units: "dimensions[].max_reservation_units",
+    max_overdraft_units: "dimensions[].max_overdraft_units",
+    refill_units: "dimensions[].refill.units",
+    refill_interval_ms: "dimensions[].refill.interval_ms",
+};
+
+/// Most dimensions a policy may limit: every [`Dimension`] at most once.
+pub const MAX_DIMENSIONS: usize = Dimension::ALL.len();
+
+/// Most further dimensions a policy may name (besides its primary one).
+pub const MAX_FURTHER_DIMENSIONS: usize = MAX_DIMENSIONS - 1;
 
 impl Policy {
     /// How many dimensions the policy limits (1 + further).

@@ -178,12 +178,11 @@ pub(crate) fn next_further(
     event: &Event,
 ) -> Result<Option<Vec<DimensionState>>, ApplyError> {
     let body = &event.body;
-    let (policy, mut states) = match (body, p.policy.as_ref()) {
-        (EventBody::PartitionOpened { policy, .. }, _) => (
-            policy,
-            vec![DimensionState::default(); policy.dimensions.len()],
-        ),
-        (_, Some(policy)) => (policy, p.further.clone()),
+    // The states the amounts apply to: none yet for an opening, else the
+    // partition's (only copied below, once the event is known to move any).
+    let (policy, current) = match (body, p.policy.as_ref()) {
+        (EventBody::PartitionOpened { policy, .. }, _) => (policy, None),
+        (_, Some(policy)) => (policy, Some(&p.further)),
         (_, None) => return Err(ApplyError::NotOpen),
     };
     let expected = if body.moves_amounts() {
@@ -191,7 +190,8 @@ pub(crate) fn next_further(
     } else {
         0
     };
-    if event.further.len() != expected || states.len() != policy.dimensions.len() {
+    let known = current.map_or(policy.dimensions.len(), Vec::len);
+    if event.further.len() != expected || known != policy.dimensions.len() {
         return Err(ApplyError::Inconsistent(
             "an event that moves amounts names them in every further dimension, any other in none",
         ));
@@ -199,6 +199,10 @@ pub(crate) fn next_further(
     if expected == 0 {
         return Ok(None);
     }
+    let mut states = match current {
+        Some(states) => states.clone(),
+        None => vec![DimensionState::default(); expected],
+    };
     for ((state, amounts), limit) in states
         .iter_mut()
         .zip(&event.further)

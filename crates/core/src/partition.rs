@@ -217,6 +217,14 @@ impl Partition {
         }
     }
 
+    /// The carried refill remainder of dimension `i` (0 = primary).
+    pub fn refill_remainder_of(&self, i: usize) -> u64 {
+        match i {
+            0 => self.refill_remainder,
+            i => self.further[i - 1].refill_remainder,
+        }
+    }
+
     /// Every dimension's ledger, primary first.
     pub fn ledgers(&self) -> impl Iterator<Item = &Ledger> {
         std::iter::once(&self.ledger).chain(self.further.iter().map(|d| &d.ledger))

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::dimension::{DimensionLimit, MAX_FURTHER_DIMENSIONS};
+use crate::dimension::{DimensionLimit, FURTHER_FIELDS, MAX_FURTHER_DIMENSIONS, PRIMARY_FIELDS};
 use crate::epoch::EpochLength;
 use crate::rejection::InvalidInput;
 use crate::sizing::EstimatorConfig;
@@ -151,24 +151,7 @@ impl Policy {
         if self.estimator_digest.len() > 256 {
             return bad("estimator_digest");
         }
-        if self.burst_units == 0 || self.burst_units > MAX_UNITS {
-            return bad("burst_units");
-        }
-        if self.opening_units > self.burst_units {
-            return bad("opening_units");
-        }
-        if self.max_reservation_units == 0 || self.max_reservation_units > MAX_UNITS {
-            return bad("max_reservation_units");
-        }
-        if self.max_overdraft_units > MAX_UNITS {
-            return bad("max_overdraft_units");
-        }
-        if self.refill.units > MAX_UNITS {
-            return bad("refill.units");
-        }
-        if self.refill.interval_ms == 0 || self.refill.interval_ms > MAX_SPAN_MS {
-            return bad("refill.interval_ms");
-        }
+        self.limit(0).validate(&PRIMARY_FIELDS)?;
         if self.hold_ttl_ms == 0 || self.hold_ttl_ms > MAX_SPAN_MS {
             return bad("hold_ttl_ms");
         }
@@ -185,7 +168,7 @@ impl Policy {
             return bad("dimensions");
         }
         for (i, limit) in self.dimensions.iter().enumerate() {
-            limit.validate()?;
+            limit.validate(&FURTHER_FIELDS)?;
             // Each dimension once: the primary and every further one differ.
             if self
                 .limits()

@@ -111,10 +111,3 @@ pub struct Reservation {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub further: Vec<crate::DimensionHold>,
 }
-
-impl Reservation {
-    /// Whether the settlement left debt in any dimension.
-    pub fn settled_with_debt(&self) -> bool {
-        self.overdraft_units > 0 || self.further.iter().any(|d| d.overdraft_units > 0)
-    }
-}

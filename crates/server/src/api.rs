@@ -92,6 +92,24 @@ fn path_id(path: Result<Path<String>, PathRejection>) -> Result<ReservationId, A
     reservation_id(&raw)
 }
 
+/// A `{subject}/{route}` path, checked, and the writer shard that owns it.
+fn subject_route_shard(
+    writers: &Writers,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(String, String, usize), ApiError> {
+    let Path((subject, route)) =
+        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
+    let key = PartitionKey::new(subject.clone(), route.clone(), "e", 0).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            e.to_string(),
+        )
+    })?;
+    let shard = writers.shard_of_key(&key);
+    Ok((subject, route, shard))
+}
+
 fn receipt_response(answer: Answer) -> Result<Response, ApiError> {
     match answer {
         Answer::Reservation {
@@ -222,17 +240,7 @@ pub async fn rollback_policy(
     ApiJson(body): ApiJson<RollbackBody>,
 ) -> Result<Response, ApiError> {
     let writers = state.writers()?;
-    let Path((subject, route)) =
-        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
-    let shard = reservoir_core::PartitionKey::new(subject.clone(), route.clone(), "e", 0)
-        .map(|k| writers.shard_of_key(&k))
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_input",
-                e.to_string(),
-            )
-        })?;
+    let (subject, route, shard) = subject_route_shard(&writers, path)?;
     let request = Request::Rollback {
         subject,
         route,
@@ -274,17 +282,7 @@ pub async fn get_policy(
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let writers = state.writers()?;
-    let Path((subject, route)) =
-        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
-    let shard = reservoir_core::PartitionKey::new(subject.clone(), route.clone(), "e", 0)
-        .map(|k| writers.shard_of_key(&k))
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_input",
-                e.to_string(),
-            )
-        })?;
+    let (subject, route, shard) = subject_route_shard(&writers, path)?;
     match writers
         .call(shard, Request::GetPolicy { subject, route })
         .await?

@@ -45,10 +45,7 @@ impl RateLimits {
             .enumerate()
             .map(|(i, (limit, ledger))| {
                 let debt = ledger.debt_units().unwrap_or(0);
-                let remainder = match i {
-                    0 => p.refill_remainder,
-                    i => p.further[i - 1].refill_remainder,
-                };
+                let remainder = p.refill_remainder_of(i);
                 let room = limit
                     .burst_units
                     .saturating_sub(ledger.available_units.saturating_add(ledger.reserved_units));
