@@ -4,6 +4,16 @@
 
 use super::*;
 
+/// Whether the error says a partition's leadership is settling (right after
+/// topic creation or a leader change): the same call succeeds shortly.
+pub fn leadership_moving(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::NotLeaderForPartition | C::LeaderNotAvailable | C::UnknownTopicOrPartition)
+    )
+}
+
 /// Maps a librdkafka error to ours, keeping whether a retry may succeed.
 pub fn log_error(context: &str, error: &KafkaError) -> LogError {
     use RDKafkaErrorCode as C;

@@ -71,7 +71,7 @@ mod read;
 
 use append::Standing;
 pub use clients::log_error;
-use clients::{blocking, build_consumer, build_producer, ensure_topic};
+use clients::{blocking, build_consumer, build_producer, ensure_topic, leadership_moving};
 pub use config::{BrokerQuirks, KafkaConfig};
 #[cfg(test)]
 use placement::murmur2;
@@ -444,15 +444,33 @@ impl Inner {
         reader: &PartitionReader,
         log_partition: u32,
     ) -> Result<u64, LogError> {
-        let (_low, high) = reader
-            .consumer
-            .fetch_watermarks(
+        let (_low, high) = self.watermarks(reader, log_partition)?;
+        Ok(u64::try_from(high).unwrap_or(0))
+    }
+
+    /// The partition's low and high watermarks. A broker that has just
+    /// elected a leader can still answer NotLeaderForPartition for a moment
+    /// (its own metadata lags what it told us), so leadership errors are
+    /// retried until the request timeout has passed.
+    fn watermarks(
+        &self,
+        reader: &PartitionReader,
+        log_partition: u32,
+    ) -> Result<(i64, i64), LogError> {
+        let deadline = Instant::now() + self.config.request_timeout;
+        loop {
+            match reader.consumer.fetch_watermarks(
                 &self.config.topic,
                 log_partition as i32,
                 self.config.request_timeout,
-            )
-            .map_err(|e| log_error("watermarks", &e))?;
-        Ok(u64::try_from(high).unwrap_or(0))
+            ) {
+                Ok(marks) => return Ok(marks),
+                Err(e) if leadership_moving(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(log_error("watermarks", &e)),
+            }
+        }
     }
 
     /// Reads up to `max` entries from `from_offset`, as far as `to` says.
@@ -647,14 +665,7 @@ impl Inner {
         from_offset: u64,
         entries: Vec<(Position, T)>,
     ) -> Result<Vec<(Position, T)>, LogError> {
-        let (low, _high) = reader
-            .consumer
-            .fetch_watermarks(
-                &self.config.topic,
-                log_partition as i32,
-                self.config.request_timeout,
-            )
-            .map_err(|e| log_error("watermarks", &e))?;
+        let (low, _high) = self.watermarks(reader, log_partition)?;
         if from_offset < u64::try_from(low).unwrap_or(0) {
             return Err(LogError::Storage(format!(
                 "log partition {log_partition} starts at {low}, after the requested offset {from_offset}"
