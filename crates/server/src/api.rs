@@ -159,26 +159,12 @@ pub async fn publish_policy(
     let writers = state.writers()?;
     let mut body = body;
     settle_sizing(&mut body)?;
-    let p = &body.policy;
-    let key = PartitionKey::new(
-        p.subject.clone(),
-        p.route.clone(),
-        body.accounting_epoch.clone(),
-        p.generation,
-    )
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_input",
-            e.to_string(),
-        )
-    })?;
-    let shard = writers.shard_of_key(&key);
+    let shard = writers.shard_of(&body.policy.subject, &body.policy.route);
     match writers
         .call(
             shard,
             Request::Publish {
-                key,
+                accounting_epoch: body.accounting_epoch,
                 policy: body.policy,
             },
         )

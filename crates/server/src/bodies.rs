@@ -72,8 +72,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 #[serde(deny_unknown_fields)]
 pub struct PublishPolicy {
     /// Accounting window the new partition belongs to, e.g. `2026-11`.
+    /// Required unless `policy.epoch_length` is hourly, daily or monthly:
+    /// then the writer names the current epoch (a name given must be it).
     #[schema(example = "2026-11")]
-    pub accounting_epoch: String,
+    #[serde(default)]
+    pub accounting_epoch: Option<String>,
     #[schema(value_type = PolicyDoc)]
     pub policy: Policy,
     /// How reserves without `units` are sized on this route (or give it as

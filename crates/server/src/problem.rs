@@ -182,6 +182,9 @@ impl From<Failure> for ApiError {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", why)
             }
             Failure::Conflict { code, detail } => ApiError::new(StatusCode::CONFLICT, code, detail),
+            Failure::Invalid { code, detail } => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, detail)
+            }
             Failure::Unavailable(why) => ApiError::unavailable(why),
             Failure::Internal(why) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", why)

@@ -22,6 +22,8 @@ mod crash;
 mod dashboard;
 #[path = "server/dimensions.rs"]
 mod dimensions;
+#[path = "server/epochs.rs"]
+mod epochs;
 #[path = "server/failures.rs"]
 mod failures;
 #[path = "server/generations.rs"]

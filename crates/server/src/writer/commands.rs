@@ -5,8 +5,8 @@
 
 use crate::ratelimit::RateLimits;
 use reservoir_core::{
-    decide, decide_retired, refusal_event, Command, EventBody, Partition, PartitionKey, Policy,
-    Rejection, RequestDigest, Reservation, ReservationId, TimestampMs,
+    decide, decide_retired, refusal_event, Command, EventBody, PartitionKey, Policy, Rejection,
+    RequestDigest, Reservation, ReservationId, TimestampMs,
 };
 
 use super::pipeline::{Batch, Pending, PositionFrom, Shard, Undo};
@@ -32,12 +32,24 @@ impl From<Retired> for RetiredRecord {
 impl Shard {
     pub(super) fn decide_one(&mut self, batch: &mut Batch, request: Request) -> Pending {
         match request {
-            Request::Publish { key, policy } => self.publish(batch, key, policy),
+            Request::Publish {
+                accounting_epoch,
+                policy,
+            } => {
+                self.roll_epoch(batch, &(policy.subject.clone(), policy.route.clone()));
+                match self.publish_key(&policy, accounting_epoch) {
+                    Ok(key) => self.publish(batch, key, policy),
+                    Err(failure) => Pending::Ready(Err(failure)),
+                }
+            }
             Request::Rollback {
                 subject,
                 route,
                 generation,
-            } => self.rollback(batch, subject, route, generation),
+            } => {
+                self.roll_epoch(batch, &(subject.clone(), route.clone()));
+                self.rollback(batch, subject, route, generation)
+            }
             Request::GetPolicy { subject, route } => Pending::Ready(
                 self.active_policy(&subject, &route)
                     .map(|(key, policy)| Answer::Policy {
@@ -76,6 +88,7 @@ impl Shard {
                     .collect(),
             ))),
             Request::CollectDue { now_ms, refill } => {
+                self.roll_epochs(batch);
                 Pending::Ready(Ok(Answer::Due(self.collect_due(now_ms, refill))))
             }
         }
@@ -171,6 +184,8 @@ impl Shard {
         digest: RequestDigest,
         amount: Amount,
     ) -> Pending {
+        let sr = (subject, route);
+        self.roll_epoch(batch, &sr);
         let located = self.index.read().expect("index lock").get(&id).cloned();
         let (key, retired) = match located {
             Some(key) => (key, None),
@@ -178,7 +193,7 @@ impl Shard {
             None => match self.retired.get(&id) {
                 Err(err) => return Pending::Ready(Err(Failure::Unavailable(err))),
                 Ok(Some(r)) => (r.key.clone(), Some(RetiredRecord::from(r))),
-                Ok(None) => match self.state.active.get(&(subject, route)) {
+                Ok(None) => match self.state.active.get(&sr) {
                     Some(key) => (key.clone(), None),
                     None => return Pending::Ready(Err(Failure::NoPolicy)),
                 },
@@ -340,36 +355,16 @@ impl Shard {
                 }));
             }
         }
-        let command = match previous {
-            None => Command::OpenPartition {
-                key: key.clone(),
-                policy,
-            },
-            Some(_) => Command::OpenSuccessor {
-                key: key.clone(),
-                policy,
-            },
-        };
-        let now = self.now_for(&key);
-        let events = match decide(&Partition::default(), &command, now) {
-            Ok(events) => events,
-            Err(rejection) => {
-                return Pending::Ready(Err(Failure::Rejected {
-                    rejection,
-                    policy_generation: Some(key.policy_generation),
-                    capacity_unit: None,
-                    limits: None,
-                }))
-            }
-        };
-        let record = self.commit_speculatively(batch, &key, events);
-        batch.undo.push(Undo::Active(sr.clone(), previous.clone()));
-        self.state.active.insert(sr, key.clone());
-        if let Some(old) = previous {
-            if let Err(failure) = self.supersede(batch, &old, &key) {
-                return Pending::Ready(Err(failure));
-            }
+        if let Some(failure) = previous
+            .as_ref()
+            .and_then(|old| self.debt_left_behind(old, &policy))
+        {
+            return Pending::Ready(Err(failure));
         }
+        let record = match self.open_next(batch, key.clone(), policy, previous) {
+            Ok(record) => record,
+            Err(failure) => return Pending::Ready(Err(failure)),
+        };
         Pending::Published {
             key,
             created: true,
@@ -381,7 +376,7 @@ impl Shard {
     /// not lost), closed for admission, and its capacity and debt moved to
     /// `next`. Its reservations still finish there, and what they give back
     /// follows (`drain_onward`).
-    fn supersede(
+    pub(super) fn supersede(
         &mut self,
         batch: &mut Batch,
         old: &PartitionKey,

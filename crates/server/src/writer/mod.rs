@@ -21,6 +21,7 @@
 
 mod commands;
 mod due;
+mod epochs;
 mod moves;
 pub mod pipeline;
 pub mod protocol;

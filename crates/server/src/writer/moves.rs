@@ -107,7 +107,38 @@ fn moved_amounts(
         .collect()
 }
 
+/// The refusal of a publish that drops a dimension still owing debt.
+fn dropped_debt(to: &PartitionKey) -> Failure {
+    Failure::Rejected {
+        rejection: Rejection::InvalidInput(reservoir_core::InvalidInput::Policy {
+            field: "dimensions (a dimension owing debt cannot be dropped)",
+        }),
+        policy_generation: Some(to.policy_generation),
+        capacity_unit: None,
+        limits: None,
+    }
+}
+
 impl Shard {
+    /// The refusal of replacing `from` by a partition under `next`, when
+    /// `next` drops a dimension `from` still owes debt in: checked before
+    /// anything is opened or closed, since the debt could never move.
+    pub(super) fn debt_left_behind(&self, from: &PartitionKey, next: &Policy) -> Option<Failure> {
+        let from_policy = self.policy_of(from)?;
+        let source = &self.state.partitions[from].partition;
+        (0..from_policy.dimension_count())
+            .any(|i| {
+                same_dimension(from_policy, i, next).is_none()
+                    && source.ledger_of(i).debt_units().unwrap_or(0) > 0
+            })
+            .then(|| {
+                dropped_debt(&PartitionKey {
+                    policy_generation: next.generation,
+                    ..from.clone()
+                })
+            })
+    }
+
     fn policy_of(&self, key: &PartitionKey) -> Option<&Policy> {
         self.state.partitions.get(key)?.partition.policy.as_ref()
     }
@@ -136,16 +167,7 @@ impl Shard {
             let debt = source.ledger_of(i).debt_units().unwrap_or(0);
             let moved = match same_dimension(&from_policy, i, &to_policy) {
                 Some(j) => source.movable_units(i, room_units(target, &to_policy, j)),
-                None if debt > 0 => {
-                    return Err(Failure::Rejected {
-                        rejection: Rejection::InvalidInput(reservoir_core::InvalidInput::Policy {
-                            field: "dimensions (a dimension owing debt cannot be dropped)",
-                        }),
-                        policy_generation: Some(to.policy_generation),
-                        capacity_unit: None,
-                        limits: None,
-                    });
-                }
+                None if debt > 0 => return Err(dropped_debt(to)),
                 None => 0,
             };
             anything |= moved > 0 || debt > 0;

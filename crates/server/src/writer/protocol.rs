@@ -42,8 +42,10 @@ pub enum Amount {
 /// What an API handler or a sweeper asks of a shard.
 #[derive(Debug)]
 pub enum Request {
+    /// Open a partition under `policy`: in the epoch named, or for a policy
+    /// whose epochs roll the current one (see `epochs`).
     Publish {
-        key: PartitionKey,
+        accounting_epoch: Option<String>,
         policy: Policy,
     },
     /// Run the generation below the active one again, as `generation`
@@ -147,6 +149,9 @@ pub enum Failure {
     /// The request conflicts with the subject/route's generations (`code`
     /// becomes the problem type).
     Conflict { code: &'static str, detail: String },
+    /// The request is invalid for the state it met (422; `code` becomes the
+    /// problem type).
+    Invalid { code: &'static str, detail: String },
     /// A reserve the server was to size could not be sized.
     Sizing(SizingFailure),
     /// Retry with the same ids: the log failed, or the writer is overloaded or stopping.
@@ -176,7 +181,11 @@ impl Writers {
     }
 
     pub fn shard_of_key(&self, key: &PartitionKey) -> usize {
-        super::shard_of(&key.subject, &key.route, self.shards())
+        self.shard_of(&key.subject, &key.route)
+    }
+
+    pub fn shard_of(&self, subject: &str, route: &str) -> usize {
+        super::shard_of(subject, route, self.shards())
     }
 
     /// The partition holding reservation `id`, if any: in memory, or in the

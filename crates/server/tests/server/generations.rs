@@ -18,7 +18,7 @@ use crate::crash::{spawn_server_env, FAILPOINT_PAUSES};
 use crate::support::*;
 
 /// Σ over the partitions of `subject`/`route` of `term` (primary dimension).
-fn sum(parts: &[Value], subject: &str, route: &str, term: &str) -> u64 {
+pub(crate) fn sum(parts: &[Value], subject: &str, route: &str, term: &str) -> u64 {
     parts
         .iter()
         .filter(|p| p["subject"] == subject && p["route"] == route)
@@ -27,12 +27,12 @@ fn sum(parts: &[Value], subject: &str, route: &str, term: &str) -> u64 {
 }
 
 /// Capacity the subject/route holds: what can still be admitted or is held.
-fn capacity(parts: &[Value], subject: &str, route: &str) -> u64 {
+pub(crate) fn capacity(parts: &[Value], subject: &str, route: &str) -> u64 {
     sum(parts, subject, route, "available_units") + sum(parts, subject, route, "reserved_units")
 }
 
 /// Every move out has arrived: the cross-partition halves sum to the same.
-fn assert_moves_pair(parts: &[Value], subject: &str, route: &str) {
+pub(crate) fn assert_moves_pair(parts: &[Value], subject: &str, route: &str) {
     for (out, inn) in [
         ("moved_out_units", "moved_in_units"),
         ("debt_moved_out_units", "debt_moved_in_units"),
@@ -53,7 +53,7 @@ fn generation(parts: &[Value], g: u64) -> &Value {
         .unwrap_or_else(|| panic!("no generation {g} in {parts:?}"))
 }
 
-async fn reserve_started(s: &TestServer, id: &str, units: u64) {
+pub(crate) async fn reserve_started(s: &TestServer, id: &str, units: u64) {
     let (status, r) = s.reserve(id, "t", "r", units).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
     let path = format!("/v1/reservations/{id}/start");
@@ -63,7 +63,7 @@ async fn reserve_started(s: &TestServer, id: &str, units: u64) {
     assert_eq!(status, StatusCode::OK, "{r}");
 }
 
-async fn settle(s: &TestServer, id: &str, actual_units: u64) -> Value {
+pub(crate) async fn settle(s: &TestServer, id: &str, actual_units: u64) -> Value {
     let path = format!("/v1/reservations/{id}/settle");
     let (status, r) = s.post(&path, json!({"actual_units": actual_units})).await;
     assert_eq!(status, StatusCode::OK, "{r}");
