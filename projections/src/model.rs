@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use reservoir_core::{
-    Dimension, DimensionLimit, Ledger, Partition, PartitionKey, RefusalReason, Reservation, Units,
+    Dimension, DimensionLimit, Ledger, Partition, PartitionKey, RefusalReason, Reservation,
+    ShadowVerdict, Units,
 };
 use serde::{Deserialize, Serialize};
 
@@ -323,6 +324,20 @@ pub struct Refusal {
     pub available_units: Units,
     pub burst_units: Units,
     /// The limiting dimension (absent in refusals logged before dimensions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimension: Option<Dimension>,
+}
+
+/// One reserve decided in shadow mode: what enforcement would have said.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowRecord {
+    pub subject: String,
+    pub route: String,
+    pub at_ms: u64,
+    pub reservation_id: String,
+    pub verdict: ShadowVerdict,
+    /// The dimension it would have refused in (absent for would-admit, and
+    /// in records logged before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dimension: Option<Dimension>,
 }

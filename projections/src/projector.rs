@@ -49,7 +49,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::model::{
     ClaimState, Cursor, EfficiencyHistogram, Finding, InputDrift, PartitionBalance,
-    PartitionProjection, Refusal, ReservationRecord, Rollup,
+    PartitionProjection, Refusal, ReservationRecord, Rollup, ShadowRecord,
 };
 use crate::sketch::RollingDigest;
 use crate::store::{self, decode, encode, get, get_raw, scan_prefix, store_error};
@@ -755,6 +755,25 @@ fn derive(
 ) -> Result<(), ProjectionError> {
     match &event.body {
         EventBody::PartitionOpened { .. } => proj.opened_at_ms = event.at_ms,
+        EventBody::Reserved {
+            id,
+            shadow: Some(verdict),
+            shadow_dimension,
+            ..
+        } => {
+            let record = encode(&ShadowRecord {
+                subject: key.subject.clone(),
+                route: key.route.clone(),
+                at_ms: event.at_ms,
+                reservation_id: id.to_string(),
+                verdict: *verdict,
+                dimension: *shadow_dimension,
+            });
+            for (scope, owner) in [("route", &key.route), ("tenant", &key.subject)] {
+                let k = store::shadow_key(scope, owner, event.at_ms, key, event.sequence);
+                work.put(store::SHADOW, k, record.clone());
+            }
+        }
         EventBody::AdmissionRefused {
             dimension,
             id,

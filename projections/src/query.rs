@@ -15,10 +15,10 @@ use tokio::sync::{watch, Notify};
 use crate::diagnosis::{diagnose, Diagnosis, DiagnosisInputs};
 use crate::model::{
     Cursor, EfficiencyHistogram, Finding, InputDrift, PartitionBalance, Refusal, ReservationRecord,
-    Rollup,
+    Rollup, ShadowRecord,
 };
 use crate::sketch::{merged, RollingDigest};
-use crate::store::{self, decode, first_with_prefix, get, scan_prefix};
+use crate::store::{self, decode, first_with_prefix, get, scan_prefix, scan_range};
 use crate::ProjectionError;
 
 /// A route's output-token estimate from the merged digests of every source
@@ -279,6 +279,27 @@ impl Projections {
 
     pub fn input_drift(&self, route: &str) -> Result<Option<InputDrift>, ProjectionError> {
         get(&self.db, store::INPUT_DRIFT, route)
+    }
+
+    /// Shadow verdicts of a route (`scope` `route`) or a tenant (`tenant`)
+    /// logged in `[from_ms, to_ms]`, in time order.
+    pub fn shadow_verdicts(
+        &self,
+        scope: &str,
+        owner: &str,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<ShadowRecord>, ProjectionError> {
+        let prefix = store::shadow_prefix(scope, owner);
+        let start = format!("{prefix}{from_ms:020}");
+        let until = match to_ms.checked_add(1) {
+            Some(after) => format!("{prefix}{after:020}"),
+            None => format!("{prefix}~"),
+        };
+        scan_range(&self.db, store::SHADOW, &prefix, &start, Some(&until))?
+            .iter()
+            .map(|(k, v)| decode(store::SHADOW, k, v))
+            .collect()
     }
 
     /// A tenant's refusals in time order.

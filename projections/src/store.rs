@@ -39,6 +39,9 @@ pub const EFFICIENCY_BY_TENANT: &str = "efficiency_by_tenant";
 pub const INPUT_DRIFT: &str = "input_drift";
 /// Key: tenant `|` at_ms `|` partition key `|` sequence.
 pub const REFUSALS: &str = "refusals";
+/// Shadow verdicts, each under two keys: `route|<route>|<at_ms>|…` and
+/// `tenant|<subject>|<at_ms>|…` ([`shadow_key`]).
+pub const SHADOW: &str = "shadow";
 /// Key: log partition `|` offset `|` event index.
 pub const FINDINGS: &str = "findings";
 /// Finished reservations by the time they finished, for the retention rule
@@ -51,7 +54,7 @@ pub const RETENTION: &str = "retention";
 pub const PRUNED_BEFORE: &str = "pruned_before_ms";
 
 /// Every column family, in dump order.
-pub const COLUMN_FAMILIES: [&str; 15] = [
+pub const COLUMN_FAMILIES: [&str; 16] = [
     CURSORS,
     PARTITIONS,
     BALANCES,
@@ -64,6 +67,7 @@ pub const COLUMN_FAMILIES: [&str; 15] = [
     EFFICIENCY_BY_TENANT,
     INPUT_DRIFT,
     REFUSALS,
+    SHADOW,
     FINDINGS,
     FINISHED,
     RETENTION,
@@ -282,6 +286,25 @@ pub fn refusal_key(key: &PartitionKey, at_ms: u64, sequence: u64) -> String {
     )
 }
 
+/// `scope` is `route` or `tenant`, `owner` the route or the subject.
+pub fn shadow_key(
+    scope: &str,
+    owner: &str,
+    at_ms: u64,
+    key: &PartitionKey,
+    sequence: u64,
+) -> String {
+    format!(
+        "{}{at_ms:020}|{}|{sequence:020}",
+        shadow_prefix(scope, owner),
+        partition_key(key)
+    )
+}
+
+pub fn shadow_prefix(scope: &str, owner: &str) -> String {
+    format!("{scope}|{owner}|")
+}
+
 pub fn finding_key(log_partition: u32, offset: u64, event_index: u32) -> String {
     format!("{log_partition:010}|{offset:020}|{event_index:010}")
 }
@@ -341,14 +364,27 @@ pub(crate) fn scan_prefix(
     cf: &'static str,
     prefix: &str,
 ) -> Result<Vec<KeyValue>, ProjectionError> {
+    scan_range(db, cf, prefix, prefix, None)
+}
+
+/// Every key/value of `cf` whose key starts with `prefix`, from `start` up
+/// to (not including) `until`, in key order.
+pub(crate) fn scan_range(
+    db: &DB,
+    cf: &'static str,
+    prefix: &str,
+    start: &str,
+    until: Option<&str>,
+) -> Result<Vec<KeyValue>, ProjectionError> {
     let handle = db
         .cf_handle(cf)
         .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
-    let mode = IteratorMode::From(prefix.as_bytes(), rocksdb::Direction::Forward);
+    let mode = IteratorMode::From(start.as_bytes(), rocksdb::Direction::Forward);
     let mut out = Vec::new();
     for item in db.iterator_cf(handle, mode) {
         let (k, v) = item.map_err(store_error)?;
-        if !k.starts_with(prefix.as_bytes()) {
+        let past = until.is_some_and(|u| *k >= *u.as_bytes());
+        if !k.starts_with(prefix.as_bytes()) || past {
             break;
         }
         out.push((k.to_vec(), v.to_vec()));

@@ -88,6 +88,7 @@ impl Gen {
                     expires_at_ms: at_ms + 180_000,
                     shadow: None,
                     sizing: None,
+                    shadow_dimension: None,
                 },
                 1 => EventBody::Started {
                     id,

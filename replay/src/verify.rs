@@ -518,6 +518,7 @@ mod tests {
                 expires_at_ms: 10_000,
                 shadow: None,
                 sizing: None,
+                shadow_dimension: None,
             },
         ];
         for (i, body) in events.into_iter().enumerate() {

@@ -6,7 +6,7 @@
 
 use crate::buckets;
 use crate::command::Command;
-use crate::dimension::DimensionAmounts;
+use crate::dimension::{Dimension, DimensionAmounts};
 use crate::event::{Event, EventBody, RefusalReason};
 use crate::partition::{
     dimension_effect, ledger_effect, Partition, MAX_MOVES_PER_PARTITION, MAX_SHARDS_PER_PARTITION,
@@ -15,6 +15,7 @@ use crate::policy::{EmergencyMode, Policy, MAX_UNITS};
 use crate::rejection::{InvalidInput, Rejection, Transition};
 use crate::reservation::{Reservation, ReservationState, ShadowVerdict};
 use crate::retention::MAX_OPEN_RESERVATIONS_PER_PARTITION;
+use crate::rollout::Mode;
 use crate::types::{ReservationId, TimestampMs, Units};
 use crate::usage::Usage;
 
@@ -363,11 +364,14 @@ fn decide_open(
             all_units[1..n].copy_from_slice(further_units);
             let leases = |i: usize| unstarted_leases(partition, i, now);
             let verdict = buckets::admission(policy, &all_units[..n], &after[..n], &leases);
-            let (holds, shadow) = match (verdict, policy.shadow_mode) {
-                (Ok(()), false) => (true, None),
-                (Ok(()), true) => (true, Some(ShadowVerdict::WouldAdmit)),
-                (Err(rejection), false) => return Err(rejection),
-                (Err(rejection), true) => (false, Some(shadow_verdict(&rejection))),
+            let (holds, shadow, shadow_dimension) = match (verdict, policy.mode()) {
+                (Ok(()), Mode::Enforce) => (true, None, None),
+                (Ok(()), Mode::Shadow) => (true, Some(ShadowVerdict::WouldAdmit), None),
+                (Err(rejection), Mode::Enforce) => return Err(rejection),
+                (Err(rejection), Mode::Shadow) => {
+                    let (verdict, dimension) = shadow_verdict(&rejection);
+                    (false, Some(verdict), dimension)
+                }
             };
             // A shadow admission enforcement would have refused holds nothing.
             let held = |units: Units| if holds { units } else { 0 };
@@ -382,6 +386,7 @@ fn decide_open(
                     held_units: held(*units),
                     expires_at_ms,
                     shadow,
+                    shadow_dimension,
                     sizing: *sizing,
                 },
                 further: further_units
@@ -799,11 +804,20 @@ fn check_amount(units: Units) -> Result<(), InvalidInput> {
     Ok(())
 }
 
-fn shadow_verdict(rejection: &Rejection) -> ShadowVerdict {
+/// What enforcement would have refused with, and in which dimension.
+fn shadow_verdict(rejection: &Rejection) -> (ShadowVerdict, Option<Dimension>) {
     match rejection {
-        Rejection::RequestTooLarge { .. } => ShadowVerdict::WouldRefuseRequestTooLarge,
-        Rejection::DebtOutstanding { .. } => ShadowVerdict::WouldRefuseDebtOutstanding,
-        _ => ShadowVerdict::WouldRefuseInsufficientCapacity,
+        Rejection::RequestTooLarge { dimension, .. } => {
+            (ShadowVerdict::WouldRefuseRequestTooLarge, Some(*dimension))
+        }
+        Rejection::DebtOutstanding { dimension, .. } => {
+            (ShadowVerdict::WouldRefuseDebtOutstanding, Some(*dimension))
+        }
+        Rejection::InsufficientCapacity { dimension, .. } => (
+            ShadowVerdict::WouldRefuseInsufficientCapacity,
+            Some(*dimension),
+        ),
+        _ => (ShadowVerdict::WouldRefuseInsufficientCapacity, None),
     }
 }
 

@@ -70,6 +70,9 @@ pub enum EventBody {
         held_units: Units,
         expires_at_ms: TimestampMs,
         shadow: Option<ShadowVerdict>,
+        /// The dimension a shadow verdict would have refused in.
+        #[serde(default)]
+        shadow_dimension: Option<Dimension>,
         /// How `reserved_units` was sized, when the server sized it.
         #[serde(default)]
         sizing: Option<Sizing>,

@@ -56,6 +56,7 @@ pub mod policy;
 pub mod rejection;
 pub mod reservation;
 pub mod retention;
+pub mod rollout;
 pub mod savepoint;
 pub mod sizing;
 pub mod types;
@@ -72,6 +73,7 @@ pub use partition::{apply, apply_evicting, try_apply, try_apply_evicting, ApplyE
 pub use policy::{CapacityUnit, EmergencyMode, Policy, RefillRule};
 pub use rejection::{InvalidInput, Rejection, Transition};
 pub use reservation::{Reservation, ReservationState, ShadowVerdict};
+pub use rollout::{Mode, Rollout};
 pub use savepoint::Savepoint;
 pub use sizing::{size_reservation, EstimatorConfig, RouteEstimate, Sizing, SizingRule};
 pub use types::{

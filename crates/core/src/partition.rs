@@ -490,6 +490,7 @@ fn new_record(
         held_units,
         expires_at_ms,
         shadow,
+        shadow_dimension,
         sizing,
     } = body
     else {
@@ -533,6 +534,7 @@ fn new_record(
         execution_deadline_ms: None,
         finished_at_ms: None,
         shadow: *shadow,
+        shadow_dimension: *shadow_dimension,
         sizing: *sizing,
         further,
     })

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::dimension::{DimensionLimit, FURTHER_FIELDS, MAX_FURTHER_DIMENSIONS, PRIMARY_FIELDS};
 use crate::epoch::EpochLength;
 use crate::rejection::InvalidInput;
+use crate::rollout::{Mode, Rollout, PER_MILLION};
 use crate::sizing::EstimatorConfig;
 use crate::types::{TimestampMs, Units};
 
@@ -132,6 +133,11 @@ pub struct Policy {
     /// across. `none` (the default, and every older policy): never rolls.
     #[serde(default, skip_serializing_if = "EpochLength::is_none")]
     pub epoch_length: EpochLength,
+    /// Staged rollout: enforce on this route only if it falls in the
+    /// rollout's fraction, else run in shadow ([`crate::rollout`]). `None`
+    /// (and every older policy): enforce unless `shadow_mode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
 
 fn default_idempotency_window_ms() -> u64 {
@@ -140,6 +146,16 @@ fn default_idempotency_window_ms() -> u64 {
 
 impl Policy {
     /// Checks every field for sense; the first problem found is returned.
+    /// The mode reserves on this policy's route are decided in
+    /// ([`crate::rollout`]).
+    pub fn mode(&self) -> Mode {
+        match (&self.rollout, self.shadow_mode) {
+            (_, true) => Mode::Shadow,
+            (Some(rollout), false) if !rollout.enforces(&self.route) => Mode::Shadow,
+            _ => Mode::Enforce,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), InvalidInput> {
         let bad = |field: &'static str| Err(InvalidInput::Policy { field });
         if self.subject.is_empty() || self.route.is_empty() {
@@ -163,6 +179,14 @@ impl Policy {
         }
         if let Some(estimator) = &self.estimator {
             estimator.validate()?;
+        }
+        if let Some(rollout) = &self.rollout {
+            if rollout.enforced_per_million > PER_MILLION {
+                return bad("rollout.enforced_per_million");
+            }
+            if rollout.salt.len() > crate::types::MAX_ID_BYTES {
+                return bad("rollout.salt");
+            }
         }
         if self.dimensions.len() > MAX_FURTHER_DIMENSIONS {
             return bad("dimensions");
@@ -209,6 +233,7 @@ impl Policy {
             exclude_cache_read_input_tokens: false,
             estimator: None,
             epoch_length: EpochLength::None,
+            rollout: None,
         }
     }
 

@@ -78,6 +78,19 @@ pub enum ShadowVerdict {
     WouldRefuseRequestTooLarge,
 }
 
+impl ShadowVerdict {
+    /// The refusal enforcement would have answered (the problem type it
+    /// names), or `None` for would-admit.
+    pub fn would_refuse(self) -> Option<&'static str> {
+        match self {
+            ShadowVerdict::WouldAdmit => None,
+            ShadowVerdict::WouldRefuseInsufficientCapacity => Some("insufficient_capacity"),
+            ShadowVerdict::WouldRefuseDebtOutstanding => Some("debt_outstanding"),
+            ShadowVerdict::WouldRefuseRequestTooLarge => Some("request_too_large"),
+        }
+    }
+}
+
 /// `limitReservation.v1`. The partition (subject, route, epoch, generation) is
 /// the record's owner and is not repeated here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +115,9 @@ pub struct Reservation {
     pub execution_deadline_ms: Option<TimestampMs>,
     pub finished_at_ms: Option<TimestampMs>,
     pub shadow: Option<ShadowVerdict>,
+    /// The dimension a shadow verdict would have refused in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow_dimension: Option<crate::Dimension>,
     /// How the server sized it, when the client did not give units (from the
     /// `Reserved` event; absent in state written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]

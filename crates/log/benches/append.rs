@@ -78,6 +78,7 @@ fn records(claim: &Claim, count: usize, first_sequence: u64) -> Vec<Record> {
                         expires_at_ms: 1_784_469_780_000 + sequence,
                         shadow: None,
                         sizing: None,
+                        shadow_dimension: None,
                     },
                 }],
             }

@@ -16,7 +16,8 @@
 use reservoir_core::{
     CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, EpochLength,
     EstimatorConfig, Event, EventBody, MoveId, OperationId, PartitionKey, Policy, RefillRule,
-    RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
+    RefusalReason, RequestDigest, ReservationId, Rollout, ShadowVerdict, ShardId, Sizing,
+    SizingRule, Usage,
 };
 
 use crate::codec::{self, CLAIM_ID, ENVELOPE_ID, MAGIC_BYTE};
@@ -333,6 +334,10 @@ impl Reader<'_> {
                         },
                     }),
                 },
+                shadow_dimension: match self.index(2)? {
+                    0 => None,
+                    _ => Some(self.dimension()?),
+                },
             },
             3 => EventBody::AdmissionRefused {
                 id: self.reservation_id()?,
@@ -456,6 +461,13 @@ impl Reader<'_> {
                 })),
             },
             epoch_length: EpochLength::from_name(self.str()?)?,
+            rollout: match self.index(2)? {
+                0 => None,
+                _ => Some(Rollout {
+                    enforced_per_million: u32::try_from(self.long()?).ok()?,
+                    salt: self.string()?,
+                }),
+            },
         })
     }
 }

@@ -684,6 +684,7 @@ async fn openapi_json() -> impl IntoResponse {
         CapacityUnitDoc,
         EmergencyModeDoc,
         EpochLengthDoc,
+        RolloutDoc,
         PartitionView
     ))
 )]

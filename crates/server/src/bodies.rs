@@ -230,6 +230,20 @@ pub struct PolicyDoc {
     /// the writer open the next accounting epoch's partition at each boundary
     /// and move capacity and debt into it.
     epoch_length: Option<EpochLengthDoc>,
+    /// Optional: staged rollout. Unless `shadow_mode`, the policy enforces
+    /// on its route only if FNV-1a-64(salt, newline, route) mod 1,000,000 is
+    /// below `enforced_per_million`, and runs in shadow otherwise (receipts
+    /// say `mode`); raising the fraction only adds routes.
+    rollout: Option<RolloutDoc>,
+}
+
+#[allow(dead_code)]
+#[derive(ToSchema)]
+pub struct RolloutDoc {
+    /// Routes enforced, in parts per million (0 to 1,000,000).
+    enforced_per_million: u32,
+    /// Chooses which routes; the same salt keeps the same routes enforced.
+    salt: String,
 }
 
 #[allow(dead_code)]

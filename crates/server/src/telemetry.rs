@@ -85,7 +85,11 @@ pub fn install() -> PrometheusHandle {
 /// Records what one committed event means for the metrics.
 pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Partition>) {
     match body {
-        EventBody::Reserved { shadow, .. } => {
+        EventBody::Reserved {
+            shadow,
+            shadow_dimension,
+            ..
+        } => {
             metrics::counter!("reservoir_admissions_total", "route" => key.route.clone())
                 .increment(1);
             metrics::gauge!("reservoir_reservations_in_memory").increment(1.0);
@@ -98,7 +102,8 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Par
                     ShadowVerdict::WouldRefuseDebtOutstanding => "would_refuse_debt_outstanding",
                     ShadowVerdict::WouldRefuseRequestTooLarge => "would_refuse_request_too_large",
                 };
-                metrics::counter!("reservoir_shadow_verdicts_total", "route" => key.route.clone(), "verdict" => verdict)
+                let dimension = shadow_dimension.map_or("", |d| d.name());
+                metrics::counter!("reservoir_shadow_verdicts_total", "route" => key.route.clone(), "verdict" => verdict, "dimension" => dimension)
                     .increment(1);
             }
         }

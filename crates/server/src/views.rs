@@ -71,7 +71,41 @@ pub struct Receipt {
     /// one-dimension policy; the fields above are the primary dimension's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dimensions: Vec<DimensionReceipt>,
+    /// `enforce`, or `shadow` when the policy (its `shadow_mode`, or a
+    /// staged rollout that leaves this route out) only records verdicts.
+    #[schema(example = "enforce")]
+    #[serde(default = "enforce")]
+    pub mode: String,
+    /// In shadow mode, what enforcement would have refused (absent when it
+    /// would have admitted, and outside shadow mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_refuse: Option<WouldRefuse>,
     pub log_position: LogPosition,
+}
+
+fn enforce() -> String {
+    "enforce".to_string()
+}
+
+/// A shadow verdict that enforcement would have refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WouldRefuse {
+    /// `insufficient_capacity`, `debt_outstanding` or `request_too_large`:
+    /// the problem type enforcement would have answered.
+    pub reason: String,
+    /// The dimension it would have refused in (absent in records logged
+    /// before it was kept).
+    pub dimension: Option<String>,
+}
+
+impl WouldRefuse {
+    pub fn of(r: &Reservation) -> Option<WouldRefuse> {
+        let reason = r.shadow?.would_refuse()?;
+        Some(WouldRefuse {
+            reason: reason.to_string(),
+            dimension: r.shadow_dimension.map(|d| d.name().to_string()),
+        })
+    }
 }
 
 /// A reservation's amounts in one further dimension.
@@ -101,6 +135,12 @@ impl Receipt {
             expires_at_ms: r.expires_at_ms,
             sizing: r.sizing.map(SizingReceipt::from),
             dimensions: Vec::new(),
+            mode: match r.shadow {
+                Some(_) => "shadow",
+                None => "enforce",
+            }
+            .to_string(),
+            would_refuse: WouldRefuse::of(r),
             log_position: position.into(),
         }
     }

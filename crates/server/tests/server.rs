@@ -46,6 +46,8 @@ mod projector;
 mod queries;
 #[path = "server/recovery.rs"]
 mod recovery;
+#[path = "server/shadow.rs"]
+mod shadow;
 #[path = "server/sizing.rs"]
 mod sizing;
 #[path = "server/sweepers.rs"]

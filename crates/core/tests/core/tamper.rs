@@ -46,6 +46,7 @@ fn reserved(id: &str, reserved_units: Units, held_units: Units) -> EventBody {
         expires_at_ms: 1_000_000,
         shadow: None,
         sizing: None,
+        shadow_dimension: None,
     }
 }
 

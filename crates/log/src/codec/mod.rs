@@ -28,7 +28,8 @@ use apache_avro::types::Value;
 use reservoir_core::{
     CapacityUnit, Dimension, DimensionAmounts, DimensionLimit, EmergencyMode, EpochLength,
     EstimatorConfig, Event, EventBody, MoveId, OperationId, PartitionKey, Policy, RefillRule,
-    RefusalReason, RequestDigest, ReservationId, ShadowVerdict, ShardId, Sizing, SizingRule, Usage,
+    RefusalReason, RequestDigest, ReservationId, Rollout, ShadowVerdict, ShardId, Sizing,
+    SizingRule, Usage,
 };
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -58,7 +59,7 @@ pub const MAX_EVENTS_PER_RECORD: usize = 4096;
 
 /// Current schema id of `io.reservoir.v1.Envelope` (a [`Record`]). Id 1, the
 /// first version, stays readable: its values decode with `usage`/`sizing` null.
-pub const ENVELOPE_ID: u32 = 12;
+pub const ENVELOPE_ID: u32 = 14;
 /// Current schema id of `io.reservoir.v1.Claim`.
 pub const CLAIM_ID: u32 = 2;
 
@@ -209,6 +210,16 @@ pub const REGISTERED_SCHEMAS: &[(u32, &str)] = &[
     (
         12,
         include_str!("../../../../schemas/registered/12-Envelope.avsc"),
+    ),
+    // AdmissionBudget v5 and Envelope v6: AdmissionBudget.rollout (staged
+    // rollout, default null) and Reserved.shadowDimension (default null).
+    (
+        13,
+        include_str!("../../../../schemas/registered/13-AdmissionBudget.avsc"),
+    ),
+    (
+        14,
+        include_str!("../../../../schemas/registered/14-Envelope.avsc"),
     ),
 ];
 

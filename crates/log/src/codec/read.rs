@@ -363,6 +363,11 @@ fn read_body(
                 Value::Record(fields) => Some(read_sizing(Fields(fields))?),
                 other => return Err(shape("Reserved.sizing", format!("{other:?}"))),
             },
+            shadow_dimension: match unwrap_union(f.take("Reserved.shadowDimension")?) {
+                Value::Null => None,
+                Value::String(name) => Some(dimension_from("Reserved.shadowDimension", &name)?),
+                other => return Err(shape("Reserved.shadowDimension", format!("{other:?}"))),
+            },
         },
         "AdmissionRefused" => EventBody::AdmissionRefused {
             id: f.reservation_id("AdmissionRefused.id")?,
@@ -615,6 +620,18 @@ fn read_policy(mut f: Fields) -> Result<Policy, CodecError> {
                     format!("unknown epoch length {name:?}"),
                 )
             })?
+        },
+        rollout: match unwrap_union(f.take("AdmissionBudget.rollout")?) {
+            Value::Null => None,
+            value => {
+                let mut r = Fields::of(value, "Rollout")?;
+                let enforced = r.u64("Rollout.enforcedPerMillion")?;
+                Some(Rollout {
+                    enforced_per_million: u32::try_from(enforced)
+                        .map_err(|_| shape("Rollout.enforcedPerMillion", "above u32"))?,
+                    salt: r.string("Rollout.salt")?,
+                })
+            }
         },
     })
 }

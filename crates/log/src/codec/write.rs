@@ -287,6 +287,7 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
             held_units,
             expires_at_ms,
             shadow,
+            shadow_dimension,
             sizing,
         } => {
             put_str(out, id.as_str());
@@ -309,6 +310,13 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
                     put_u64(out, "sizing.inputUnits", s.input_units)?;
                     put_u64(out, "sizing.outputUnits", s.output_units)?;
                     put_long(out, sizing_rule_index(s.rule));
+                }
+            }
+            match shadow_dimension {
+                None => put_long(out, 0),
+                Some(d) => {
+                    put_long(out, 1);
+                    put_str(out, d.name());
                 }
             }
         }
@@ -492,6 +500,14 @@ fn write_policy(out: &mut Vec<u8>, p: &Policy) -> Result<(), CodecError> {
         }
     }
     put_str(out, p.epoch_length.name());
+    match &p.rollout {
+        None => put_long(out, 0),
+        Some(r) => {
+            put_long(out, 1);
+            put_long(out, i64::from(r.enforced_per_million));
+            put_str(out, &r.salt);
+        }
+    }
     Ok(())
 }
 

@@ -327,6 +327,10 @@ fn records_the_seeds_name_match_their_rust_types() {
             ))
         })),
         epoch_length: reservoir_core::EpochLength::Daily,
+        rollout: Some(reservoir_core::Rollout {
+            enforced_per_million: 10_000,
+            salt: "s".to_string(),
+        }),
         ..reservoir_core::Policy::example_three_dimensions("tenant-7", "chat.generate", 31)
     };
     let json = serde_json::to_value(&policy).unwrap();
@@ -356,6 +360,7 @@ fn records_the_seeds_name_match_their_rust_types() {
         // Kept from the Reserved event for receipts; not a limitReservation.v1
         // field, and omitted from the record when absent (as here).
         sizing: None,
+        shadow_dimension: None,
     };
     assert_eq!(
         serde_fields(&serde_json::to_value(&reservation).unwrap()),
@@ -692,6 +697,8 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                             "excludeCacheReadInputTokens",
                             "estimator",
                             "epochLength",
+                            "rollout",
+                            "shadowDimension",
                         ]
                         .contains(&n.as_str())
                     })
@@ -724,8 +731,13 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                 reservoir_core::EventBody::Settled { usage, .. } => {
                     with_new_fields += usize::from(usage.take().is_some())
                 }
-                reservoir_core::EventBody::Reserved { sizing, .. } => {
-                    with_new_fields += usize::from(sizing.take().is_some())
+                reservoir_core::EventBody::Reserved {
+                    sizing,
+                    shadow_dimension,
+                    ..
+                } => {
+                    with_new_fields += usize::from(sizing.take().is_some());
+                    with_new_fields += usize::from(shadow_dimension.take().is_some());
                 }
                 reservoir_core::EventBody::PartitionOpened { policy, .. } => {
                     let default = reservoir_core::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS;
@@ -735,6 +747,7 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                     policy.exclude_cache_read_input_tokens = false;
                     policy.estimator = None;
                     policy.epoch_length = reservoir_core::EpochLength::None;
+                    policy.rollout = None;
                 }
                 _ => {}
             }

@@ -40,6 +40,7 @@ pub fn every_body() -> Vec<EventBody> {
             held_units: 600,
             expires_at_ms: 1_784_469_780_000,
             shadow: None,
+            shadow_dimension: None,
             sizing: None,
         },
         EventBody::Reserved {
@@ -49,6 +50,7 @@ pub fn every_body() -> Vec<EventBody> {
             held_units: 0,
             expires_at_ms: i64::MAX as u64,
             shadow: Some(ShadowVerdict::WouldRefuseInsufficientCapacity),
+            shadow_dimension: Some(reservoir_core::Dimension::OutputTokens),
             sizing: Some(Sizing {
                 units: 9_000,
                 input_units: 517,
@@ -63,6 +65,7 @@ pub fn every_body() -> Vec<EventBody> {
             held_units: 4_500,
             expires_at_ms: 1_784_469_780_000,
             shadow: None,
+            shadow_dimension: None,
             sizing: Some(Sizing {
                 units: 4_500,
                 input_units: 500,
@@ -209,6 +212,7 @@ pub fn record(
                     held_units: 600,
                     expires_at_ms: 1_784_469_780_000 + sequence,
                     shadow: None,
+                    shadow_dimension: None,
                     sizing: None,
                 }
             } else {
@@ -259,6 +263,10 @@ pub fn three_dimension_events() -> Vec<Event> {
             ))
         })),
         epoch_length: reservoir_core::EpochLength::Daily,
+        rollout: Some(reservoir_core::Rollout {
+            enforced_per_million: 10_000,
+            salt: "rollout-2026-12".to_string(),
+        }),
         ..Policy::example_three_dimensions("tenant-7", "chat.generate", 40)
     };
     let key = PartitionKey::new("tenant-7", "chat.generate", "2026-12", 40).unwrap();

@@ -307,6 +307,8 @@ pub struct WaitMs {
         route_efficiency,
         tenant_efficiency,
         tenant_diagnosis,
+        route_shadow,
+        tenant_shadow,
         reservation
     ),
     components(schemas(
@@ -318,6 +320,8 @@ pub struct WaitMs {
         EstimateView,
         EfficiencyView,
         DiagnosisView,
+        ShadowView,
+        ShadowReasonCount,
         ReservationRecordView
     ))
 )]

@@ -24,11 +24,13 @@
 
 mod handlers;
 mod params;
+mod shadow;
 mod views;
 
 pub use handlers::*;
 use params::*;
 pub use params::{parse_position, EstimateParams, ExtraParams, NoExtra, Projected};
+pub use shadow::*;
 pub use views::*;
 
 use std::collections::BTreeMap;
@@ -314,6 +316,8 @@ where
         .route("/v1/routes/{route}/balances", get(route_balances))
         .route("/v1/routes/{route}/estimate", get(route_estimate))
         .route("/v1/routes/{route}/efficiency", get(route_efficiency))
+        .route("/v1/routes/{route}/shadow", get(route_shadow))
+        .route("/v1/tenants/{tenant}/shadow", get(tenant_shadow))
         .route("/v1/projections/reservations/{id}", get(reservation))
 }
 

@@ -107,15 +107,6 @@ fn unique_topic() -> String {
     format!("reservoir.projector-test.{}.{nanos}", std::process::id())
 }
 
-fn position(receipt: &Value) -> String {
-    let p = &receipt["log_position"];
-    format!(
-        "{}:{}",
-        p["log_partition"].as_u64().unwrap(),
-        p["offset"].as_u64().unwrap()
-    )
-}
-
 /// Every term of a projected ledger balances (and says so).
 fn assert_ledger_conserved(ledger: &Value) {
     assert_eq!(ledger["conservation"], "ok", "{ledger}");
@@ -214,7 +205,7 @@ async fn lifecycle(s: &TestServer, tenant: &str, id: &str) -> Value {
 /// The projector's record of `id` at the settle's position, and the same
 /// balances as the writer's own projection.
 async fn check_projector(s: &TestServer, projector: &str, tenant: &str, id: &str, settled: &Value) {
-    let at = position(settled);
+    let at = log_position(settled);
     let (status, record) = get(
         projector,
         &format!("/v1/projections/reservations/{id}?min_position={at}&wait_ms=10000"),
@@ -240,7 +231,7 @@ async fn check_projector(s: &TestServer, projector: &str, tenant: &str, id: &str
         .post(&format!("/v1/reservations/{id}-open/release"), json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "writer fenced? {r}");
-    let b = balances(projector, tenant, &position(&r)).await;
+    let b = balances(projector, tenant, &log_position(&r)).await;
     assert_balances_conserved(&b);
     assert_eq!(b["total"]["ledger"]["reserved_units"], 0, "{b}");
     s.assert_conserved().await;
@@ -515,7 +506,7 @@ async fn cluster_nodes_answer_queries_from_their_own_projection() {
         )
         .await;
         assert_eq!(status, StatusCode::OK, "{settled}");
-        last.push((tenant.clone(), id, position(&settled)));
+        last.push((tenant.clone(), id, log_position(&settled)));
     }
     // Each node answers every tenant at the write's position, from its own
     // projection (no forwarding: the answer names this node's prefix).

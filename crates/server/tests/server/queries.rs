@@ -11,15 +11,6 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-fn position(receipt: &Value) -> String {
-    let p = &receipt["log_position"];
-    format!(
-        "{}:{}",
-        p["log_partition"].as_u64().unwrap(),
-        p["offset"].as_u64().unwrap()
-    )
-}
-
 /// Reserve, optionally start and settle; returns the last receipt.
 async fn call(s: &TestServer, id: &str, units: u64, settle: Option<Value>) -> Value {
     let (status, r) = s.reserve(id, "acme", "chat", units).await;
@@ -42,7 +33,7 @@ async fn projected(s: &TestServer, id: &str, receipt: &Value) -> Value {
     let (status, body) = s
         .get(&format!(
             "/v1/projections/reservations/{id}?min_position={}",
-            position(receipt)
+            log_position(receipt)
         ))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -145,7 +136,7 @@ async fn queries_follow_a_lifecycle() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
-    let last = position(&r);
+    let last = log_position(&r);
     let at = |path: &str| format!("{path}?min_position={last}");
 
     let parts = s.assert_conserved().await;
@@ -358,7 +349,7 @@ async fn the_projection_survives_a_restart_in_the_same_data_dir() {
     let (status, before) = s
         .get(&format!(
             "/v1/tenants/t/balances?min_position={}",
-            position(&r)
+            log_position(&r)
         ))
         .await;
     assert_eq!(status, StatusCode::OK, "{before}");
@@ -369,7 +360,7 @@ async fn the_projection_survives_a_restart_in_the_same_data_dir() {
     let (status, after) = s
         .get(&format!(
             "/v1/tenants/t/balances?min_position={}",
-            position(&r)
+            log_position(&r)
         ))
         .await;
     assert_eq!(status, StatusCode::OK, "{after}");
@@ -378,7 +369,7 @@ async fn the_projection_survives_a_restart_in_the_same_data_dir() {
     let (_, after) = s
         .get(&format!(
             "/v1/tenants/t/balances?min_position={}",
-            position(&r)
+            log_position(&r)
         ))
         .await;
     let parts = s.assert_conserved().await;

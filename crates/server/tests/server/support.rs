@@ -296,6 +296,16 @@ pub fn policy(
     p
 }
 
+/// A receipt's `log_position` as `?min_position=` takes it (`LP:OFFSET`).
+pub fn log_position(receipt: &Value) -> String {
+    let p = &receipt["log_position"];
+    format!(
+        "{}:{}",
+        p["log_partition"].as_u64().unwrap(),
+        p["offset"].as_u64().unwrap()
+    )
+}
+
 pub fn problem_type(body: &Value) -> &str {
     body["type"]
         .as_str()
