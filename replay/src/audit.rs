@@ -96,6 +96,9 @@ pub struct Row {
     pub debt_units: u64,
     /// `ok`, or what the conservation check found.
     pub conservation: String,
+    /// The partition is closed and, after this event, drained: nothing
+    /// reserved, no debt, no shard out (nothing more will move out of it).
+    pub drained: bool,
 }
 
 pub struct Statement<'w> {
@@ -136,13 +139,14 @@ impl<'w> Statement<'w> {
         match self.format {
             Format::Table => {
                 let line = format!(
-                    "{:<12} {:<38} {:>6} {:<24} {:<16} {:<20} {:<40} {}\n",
+                    "{:<12} {:<38} {:>6} {:<24} {:<16} {:<20} {:<13} {:<40} {}\n",
                     "position",
                     "partition",
                     "seq",
                     "at",
                     "event",
                     "reservation",
+                    "dimension",
                     "change",
                     "balances after | check"
                 );
@@ -158,6 +162,7 @@ impl<'w> Statement<'w> {
                     "at_ms",
                     "event",
                     "reservation",
+                    "dimension",
                 ];
                 header.extend(Term::ALL.map(Term::name));
                 let after: Vec<String> = Term::ALL.iter().map(|t| format!("after_{t}")).collect();
@@ -174,6 +179,7 @@ impl<'w> Statement<'w> {
                 header.extend(after);
                 header.push("debt_units".into());
                 header.push("conservation".into());
+                header.push("drained".into());
                 self.csv_row(&header);
             }
             Format::Jsonl | Format::Html => {}
@@ -274,6 +280,7 @@ impl<'w> Statement<'w> {
             balance: after,
             debt_units: after.debt_units().unwrap_or(0),
             conservation,
+            drained: partition.drained(),
         };
         self.row(row);
     }
@@ -307,6 +314,7 @@ impl<'w> Statement<'w> {
                     row.at_ms.to_string(),
                     row.event.to_string(),
                     row.reservation.clone().unwrap_or_default(),
+                    row.dimension.to_string(),
                 ];
                 for t in Term::ALL {
                     fields.push(row.delta.get(t.name()).copied().unwrap_or(0).to_string());
@@ -316,6 +324,7 @@ impl<'w> Statement<'w> {
                 }
                 fields.push(row.debt_units.to_string());
                 fields.push(row.conservation.clone());
+                fields.push(row.drained.to_string());
                 self.csv_row(&fields);
             }
             Format::Table => {
@@ -329,13 +338,14 @@ impl<'w> Statement<'w> {
                     .collect();
                 let l = &row.balance;
                 let line = format!(
-                    "{:<12} {:<38} {:>6} {:<24} {:<16} {:<20} {:<40} avail={} resv={} spent={} minted={} od_issued={} od_repaid={} debt={} | {}\n",
+                    "{:<12} {:<38} {:>6} {:<24} {:<16} {:<20} {:<13} {:<40} avail={} resv={} spent={} minted={} od_issued={} od_repaid={} debt={} | {}{}\n",
                     format!("{}:{}", row.log_partition, row.offset),
                     row.partition,
                     row.sequence,
                     time_text(row.at_ms),
                     row.event,
                     row.reservation.as_deref().unwrap_or("-"),
+                    row.dimension,
                     if change.is_empty() { "-".to_string() } else { change.join(", ") },
                     l.available_units,
                     l.reserved_units,
@@ -345,6 +355,7 @@ impl<'w> Statement<'w> {
                     l.overdraft_repaid_units,
                     row.debt_units,
                     row.conservation,
+                    if row.drained { " | drained" } else { "" },
                 );
                 self.write(line.as_bytes());
             }

@@ -269,9 +269,10 @@ fn annotation<'k>(
         }
         "Closed" => format!("closed {}", short_key(key)),
         "MovedOut" => format!(
-            "moved {} units out of {}",
+            "moved {} units out of {}{}",
             moved("moved_out_units"),
-            short_key(key)
+            short_key(key),
+            if row.drained { "; drained" } else { "" }
         ),
         "MovedIn" => format!(
             "moved {} units into {}",

@@ -217,3 +217,76 @@ async fn a_statement_cut_in_one_dimension() {
         text(&bad.stderr)
     );
 }
+
+/// A generation switch with a reservation in flight, in the statement: the
+/// move out and in, then the drain of the closed generation when the
+/// reservation's refund moves on, each a row, with the dimension column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_shows_moves_and_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]).await;
+    for generation in [1, 2] {
+        let mut p = policy("mover", "chat", 0);
+        p.generation = generation;
+        let body = serde_json::json!({"accounting_epoch": "2026-12", "policy": p});
+        let (status, body) = server.post("/v1/policies", body).await;
+        assert_eq!(status, 201, "{body}");
+        if generation == 1 {
+            let r =
+                serde_json::json!({"id": "m1", "subject": "mover", "route": "chat", "units": 300});
+            let (status, body) = server.post("/v1/reservations", r).await;
+            assert_eq!(status, 201, "{body}");
+        }
+    }
+    let (status, body) = server
+        .post("/v1/reservations/m1/release", serde_json::json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    server.stop();
+    let log = dir.path().join("log");
+    let csv = text(&audit(log.to_str().unwrap(), "mover", "csv", &[]).stdout);
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("{name} in {header:?}"))
+    };
+    let (event, partition, dimension, drained) = (
+        column("event"),
+        column("partition"),
+        column("dimension"),
+        column("drained"),
+    );
+    let rows: Vec<Vec<&str>> = lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f[0] == "event")
+        .collect();
+    let g1 = "mover|chat|2026-12|g1";
+    let moves: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .filter(|f| f[event].starts_with("Moved"))
+        .map(|f| (f[event], f[partition], f[drained]))
+        .collect();
+    // The publish's move (g1 still holds m1), then the release's refund
+    // moving on, after which g1 is drained.
+    assert_eq!(
+        moves,
+        [
+            ("MovedOut", g1, "false"),
+            ("MovedIn", "mover|chat|2026-12|g2", "false"),
+            ("MovedOut", g1, "true"),
+            ("MovedIn", "mover|chat|2026-12|g2", "false"),
+        ],
+        "{csv}"
+    );
+    assert!(rows.iter().all(|f| f[dimension] == "tokens"), "{csv}");
+    let table = text(&audit(log.to_str().unwrap(), "mover", "table", &[]).stdout);
+    assert!(
+        table.lines().next().unwrap().contains("dimension"),
+        "{table}"
+    );
+    let drained_rows = rows.iter().filter(|f| f[drained] == "true").count();
+    assert_eq!(table.matches("| drained").count(), drained_rows, "{table}");
+}
