@@ -318,14 +318,48 @@ impl Projections {
             .collect()
     }
 
-    /// Why a tenant is refused (see [`crate::diagnosis`]).
+    /// Why a tenant is refused (see [`crate::diagnosis`]), over its
+    /// partitions' primary dimensions.
     pub fn diagnosis(&self, tenant: &str) -> Result<Diagnosis, ProjectionError> {
-        let inputs = DiagnosisInputs {
-            refusals: self.refusals(tenant)?,
-            efficiency: self.efficiency_by_tenant(tenant)?,
-            utilization_permille: self
-                .tenant_balance(tenant)?
-                .map_or(0, |r| r.utilization_permille()),
+        self.diagnosis_in(tenant, None)
+    }
+
+    /// The same in one dimension: a further dimension of the tenant's
+    /// policies diagnoses on its own refusals, efficiency and utilization; a
+    /// dimension that is only ever primary on the refusals that name it (or
+    /// name none). `None`: the primary dimensions, every refusal.
+    pub fn diagnosis_in(
+        &self,
+        tenant: &str,
+        dimension: Option<reservoir_core::Dimension>,
+    ) -> Result<Diagnosis, ProjectionError> {
+        let rollup = self.tenant_balance(tenant)?;
+        let further = dimension.and_then(|d| Some((d, rollup.as_ref()?.dimensions.get(&d)?)));
+        let mut refusals = self.refusals(tenant)?;
+        let inputs = match (dimension, further) {
+            (_, Some((d, r))) => {
+                refusals.retain(|f| f.dimension == Some(d));
+                DiagnosisInputs {
+                    refusals,
+                    efficiency: self.efficiency_by_tenant(&store::dimension_key(tenant, d))?,
+                    utilization_permille: match r.offered_units {
+                        0 => 0,
+                        offered => {
+                            (u128::from(r.ledger.spent_units) * 1000 / u128::from(offered)) as u64
+                        }
+                    },
+                }
+            }
+            (d, None) => {
+                if let Some(d) = d {
+                    refusals.retain(|f| f.dimension.is_none_or(|x| x == d));
+                }
+                DiagnosisInputs {
+                    refusals,
+                    efficiency: self.efficiency_by_tenant(tenant)?,
+                    utilization_permille: rollup.map_or(0, |r| r.utilization_permille()),
+                }
+            }
         };
         Ok(diagnose(tenant, &inputs))
     }

@@ -189,7 +189,9 @@ pub async fn tenant_efficiency(
 /// refusals), burst capacity (clustered refusals into an empty bucket) or a
 /// limit that is too low (efficient, spending near the limit).
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/diagnosis",
-    params(("tenant" = String, Path), MinPosition, WaitMs),
+    params(("tenant" = String, Path),
+        ("dimension" = Option<String>, Query, description = "diagnose one dimension (requests, input_tokens, output_tokens, tokens) on its own refusals, efficiency and utilization; absent: the primary ones"),
+        MinPosition, WaitMs),
     responses(
         (status = 200, body = DiagnosisView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
@@ -199,12 +201,18 @@ pub async fn tenant_diagnosis(
     Projected {
         value: tenant,
         live,
+        rest,
         ..
-    }: Projected,
+    }: Projected<EfficiencyParams>,
 ) -> Result<Response, ApiError> {
-    let d = live.projections.diagnosis(&tenant).map_err(store_failure)?;
+    let dimension = dimension_param(&rest)?;
+    let d = live
+        .projections
+        .diagnosis_in(&tenant, dimension)
+        .map_err(store_failure)?;
     Ok(Json(DiagnosisView {
         tenant: d.tenant,
+        dimension: dimension.map(|d| d.name().to_string()),
         verdict: json_text(&d.verdict),
         refusals: d.refusals,
         settled_samples: d.settled_samples,

@@ -168,20 +168,30 @@ pub(super) fn efficiency_key(
     owner: &str,
     rest: &BTreeMap<String, String>,
 ) -> Result<String, ApiError> {
-    match rest.get("dimension") {
-        None => Ok(owner.to_string()),
-        Some(name) => reservoir_core::Dimension::from_name(name)
-            .map(|d| reservoir_projections::store::dimension_key(owner, d))
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_parameter",
-                    format!(
-                        "dimension must be requests, input_tokens, output_tokens or tokens, not {name:?}"
-                    ),
-                )
-            }),
-    }
+    Ok(match dimension_param(rest)? {
+        None => owner.to_string(),
+        Some(d) => reservoir_projections::store::dimension_key(owner, d),
+    })
+}
+
+/// The `dimension` parameter (400 for a name that is not one).
+pub(super) fn dimension_param(
+    rest: &BTreeMap<String, String>,
+) -> Result<Option<reservoir_core::Dimension>, ApiError> {
+    let Some(name) = rest.get("dimension") else {
+        return Ok(None);
+    };
+    reservoir_core::Dimension::from_name(name)
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_parameter",
+                format!(
+                    "dimension must be requests, input_tokens, output_tokens or tokens, not {name:?}"
+                ),
+            )
+        })
 }
 
 /// The opening every query handler shares: the path's identifier (non-empty,

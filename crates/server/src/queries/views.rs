@@ -164,6 +164,8 @@ pub(super) fn efficiency_view(
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct DiagnosisView {
     pub tenant: String,
+    /// The dimension diagnosed (`?dimension=`); absent: the primary ones.
+    pub dimension: Option<String>,
     /// `healthy`, `over_reservation`, `burst_capacity`, `limit_too_low` or `inconclusive`.
     pub verdict: String,
     pub refusals: u64,

@@ -269,8 +269,31 @@ async fn a_429_names_each_dimension_that_refuses() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
     assert_eq!(problem_type(&problem), "invalid_input");
     // A settle without the usage a token dimension needs is refused, typed.
-    let (status, _, _) = reserve(&server, "r-ok", "t-out", 10, 10).await;
+    let (status, _, receipt) = reserve(&server, "r-ok", "t-out", 10, 10).await;
     assert_eq!(status, StatusCode::CREATED);
+    // Diagnosis per dimension: t-in was refused in input tokens only (i-1
+    // for capacity, i-2 as too large).
+    let at = log_position(&receipt);
+    for (dimension, refusals) in [
+        ("", 2),
+        ("input_tokens", 2),
+        ("output_tokens", 0),
+        ("requests", 0),
+    ] {
+        let query = match dimension {
+            "" => format!("/v1/tenants/t-in/diagnosis?min_position={at}"),
+            d => format!("/v1/tenants/t-in/diagnosis?dimension={d}&min_position={at}"),
+        };
+        let (status, d) = server.get(&query).await;
+        assert_eq!(status, StatusCode::OK, "{query}: {d}");
+        assert_eq!(d["refusals"], refusals, "{query}: {d}");
+        let named = (!dimension.is_empty()).then_some(dimension);
+        assert_eq!(d["dimension"].as_str(), named, "{d}");
+    }
+    let (status, d) = server
+        .get("/v1/tenants/t-in/diagnosis?dimension=cached")
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{d}");
     server
         .post(
             "/v1/reservations/r-ok/start",
