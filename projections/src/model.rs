@@ -341,3 +341,13 @@ pub struct ShadowRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dimension: Option<Dimension>,
 }
+
+/// One half of a capacity move, kept until its counterpart is projected
+/// (the halves may sit in different log partitions, read in any order).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveSide {
+    pub key: PartitionKey,
+    pub counterpart: PartitionKey,
+    pub units: Units,
+    pub debt_units: Units,
+}

@@ -42,6 +42,9 @@ pub const REFUSALS: &str = "refusals";
 /// Shadow verdicts, each under two keys: `route|<route>|<at_ms>|…` and
 /// `tenant|<subject>|<at_ms>|…` ([`shadow_key`]).
 pub const SHADOW: &str = "shadow";
+/// Each half of every capacity move, until checked against the other. Key:
+/// move id `|` `out` or `in`.
+pub const MOVES: &str = "moves";
 /// Key: log partition `|` offset `|` event index.
 pub const FINDINGS: &str = "findings";
 /// Finished reservations by the time they finished, for the retention rule
@@ -54,7 +57,7 @@ pub const RETENTION: &str = "retention";
 pub const PRUNED_BEFORE: &str = "pruned_before_ms";
 
 /// Every column family, in dump order.
-pub const COLUMN_FAMILIES: [&str; 16] = [
+pub const COLUMN_FAMILIES: [&str; 17] = [
     CURSORS,
     PARTITIONS,
     BALANCES,
@@ -68,6 +71,7 @@ pub const COLUMN_FAMILIES: [&str; 16] = [
     INPUT_DRIFT,
     REFUSALS,
     SHADOW,
+    MOVES,
     FINDINGS,
     FINISHED,
     RETENTION,

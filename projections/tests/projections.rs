@@ -9,6 +9,7 @@ mod projections {
     mod dimensions;
     mod keys;
     mod live_vs_rebuilt;
+    mod moves;
     mod retention;
     mod scenario;
     mod usage;
