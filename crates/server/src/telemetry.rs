@@ -102,9 +102,12 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Par
                     ShadowVerdict::WouldRefuseDebtOutstanding => "would_refuse_debt_outstanding",
                     ShadowVerdict::WouldRefuseRequestTooLarge => "would_refuse_request_too_large",
                 };
-                let dimension = shadow_dimension.map_or("", |d| d.name());
-                metrics::counter!("reservoir_shadow_verdicts_total", "route" => key.route.clone(), "verdict" => verdict, "dimension" => dimension)
-                    .increment(1);
+                let route = key.route.clone();
+                match shadow_dimension {
+                    // The dimension a would-refuse verdict names.
+                    Some(d) => metrics::counter!("reservoir_shadow_verdicts_total", "route" => route, "verdict" => verdict, "dimension" => d.name()).increment(1),
+                    None => metrics::counter!("reservoir_shadow_verdicts_total", "route" => route, "verdict" => verdict).increment(1),
+                }
             }
         }
         EventBody::AdmissionRefused { reason, .. } => {

@@ -63,6 +63,8 @@ async fn openapi_document_matches_the_contract() {
         "expires_at_ms",
         "sizing",
         "dimensions",
+        "mode",
+        "would_refuse",
         "log_position",
     ]
     .iter()
@@ -99,6 +101,10 @@ async fn openapi_document_matches_the_contract() {
             &Policy::example("t", "r", 1),
         ))),
         epoch_length: reservoir_core::EpochLength::Daily,
+        rollout: Some(reservoir_core::Rollout {
+            enforced_per_million: 1,
+            salt: "s".into(),
+        }),
         ..Policy::example_three_dimensions("t", "r", 1)
     })
     .unwrap();
@@ -123,10 +129,12 @@ async fn openapi_document_matches_the_contract() {
     let (_, r) = s.reserve("a", "t", "r", 1).await;
     let live: BTreeSet<String> = r.as_object().unwrap().keys().cloned().collect();
     // `sizing` appears only on reservations the server sized (no units
-    // given), `dimensions` only under a policy with further dimensions.
+    // given), `dimensions` only under a policy with further dimensions,
+    // `would_refuse` only on a shadow verdict enforcement would refuse.
     let mut explicit = receipt.clone();
     explicit.remove("sizing");
     explicit.remove("dimensions");
+    explicit.remove("would_refuse");
     assert_eq!(live, explicit);
     s.stop().await;
 }
