@@ -6,7 +6,7 @@
 //! | request | partition from |
 //! | --- | --- |
 //! | `POST /v1/policies` | `policy.subject`, `policy.route` in the body |
-//! | `GET /v1/policies/{subject}/{route}` | the path |
+//! | `GET /v1/policies/{subject}/{route}`, `POST …/rollback` | the path |
 //! | `POST /v1/reservations` | `subject`, `route` in the body |
 //! | `/v1/reservations/{id}[/start,/settle,/release]` | the id: local writers, then ids this node routed, then `GET /v1/cluster/locate/{id}` on every live peer |
 //! | `GET /v1/partitions` | every local partition, and (unless forwarded) every live peer's |
@@ -141,7 +141,8 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
             .map_or(Target::Local, |(s, r)| {
                 Target::Partition(log_partition_of_route(&s, &r, partitions))
             }),
-        (&Method::GET, ["v1", "policies", subject, route]) => {
+        (&Method::GET, ["v1", "policies", subject, route])
+        | (&Method::POST, ["v1", "policies", subject, route, "rollback"]) => {
             match (percent_decode(subject), percent_decode(route)) {
                 (Some(s), Some(r)) => Target::Partition(log_partition_of_route(&s, &r, partitions)),
                 _ => Target::Local,
