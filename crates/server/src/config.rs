@@ -12,6 +12,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::auth::AuthConfig;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "reservoir",
@@ -34,6 +36,9 @@ pub enum CliCommand {
     /// Ask a running node about the cluster.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Create bearer tokens (see `reservoir_server::auth`).
+    #[command(subcommand)]
+    Token(crate::auth::cli::TokenCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -46,6 +51,9 @@ pub enum ClusterCommand {
         /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// A bearer token with the operator scope.
+        #[arg(long, env = "RESERVOIR_TOKEN")]
+        token: Option<String>,
     },
 }
 
@@ -131,6 +139,33 @@ pub struct ServeArgs {
     /// it. 0 or unset = keep every record (about 600 bytes of disk each).
     #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
     pub projection_retention_secs: Option<u64>,
+    /// Tokens file (TOML, SHA-256 hashes only; `reservoir token create` writes it).
+    /// Default `<data-dir>/tokens.toml` if it exists; without one authentication is off,
+    /// which only a loopback listen address allows.
+    #[arg(long, env = "RESERVOIR_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve WITHOUT AUTHENTICATION even on a non-loopback address: anyone who
+    /// reaches the port may publish policies and mint capacity.
+    #[arg(long, env = "RESERVOIR_INSECURE_NO_AUTH")]
+    #[serde(default)]
+    pub insecure_no_auth: bool,
+    /// Answer `/metrics` without a token.
+    #[arg(long, env = "RESERVOIR_METRICS_PUBLIC")]
+    #[serde(default)]
+    pub metrics_public: bool,
+    /// Cluster mode: file holding the node credential every node of the cluster
+    /// shares (forwarded requests carry it and the original principal).
+    #[arg(long, env = "RESERVOIR_NODE_TOKEN_FILE")]
+    pub node_token_file: Option<PathBuf>,
+    /// How often the tokens file is looked at for changes, ms. Default 1000.
+    #[arg(long, env = "RESERVOIR_TOKENS_RELOAD_INTERVAL_MS")]
+    pub tokens_reload_interval_ms: Option<u64>,
+    /// When no tokens file exists yet: create `<data-dir>/tokens.toml` with an
+    /// operator token and write the token to `<data-dir>/operator.token`
+    /// (owner-only). `scripts/run` passes it.
+    #[arg(long, env = "RESERVOIR_CREATE_OPERATOR_TOKEN")]
+    #[serde(default)]
+    pub create_operator_token: bool,
 }
 
 /// Which log `reservoir project` follows.
@@ -180,6 +215,18 @@ pub struct ProjectArgs {
     /// As `reservoir serve --projection-retention-secs`.
     #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
     pub projection_retention_secs: Option<u64>,
+    /// Tokens file (TOML, SHA-256 hashes only; `reservoir token create` writes it).
+    /// Without one authentication is off, which only a loopback listen address allows.
+    #[arg(long, env = "RESERVOIR_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve WITHOUT AUTHENTICATION even on a non-loopback address.
+    #[arg(long, env = "RESERVOIR_INSECURE_NO_AUTH")]
+    #[serde(default)]
+    pub insecure_no_auth: bool,
+    /// Answer `/metrics` without a token.
+    #[arg(long, env = "RESERVOIR_METRICS_PUBLIC")]
+    #[serde(default)]
+    pub metrics_public: bool,
 }
 
 /// Resolved settings of `reservoir project`.
@@ -189,6 +236,7 @@ pub struct ProjectConfig {
     pub listen: SocketAddr,
     pub log: ProjectSource,
     pub projection_retention: Option<Duration>,
+    pub auth: AuthConfig,
 }
 
 /// `--projection-retention-secs`: 0 or none keeps every record.
@@ -280,6 +328,12 @@ impl ProjectArgs {
                 self.projection_retention_secs
                     .or(file.projection_retention_secs),
             ),
+            auth: AuthConfig {
+                tokens_file: self.tokens_file.or(file.tokens_file),
+                insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth,
+                metrics_public: self.metrics_public || file.metrics_public,
+                ..AuthConfig::default()
+            },
         })
     }
 }
@@ -311,6 +365,8 @@ pub struct Config {
     /// `Some`: cluster mode (see [`crate::cluster`]).
     pub cluster: Option<ClusterConfig>,
     pub topic_partitions: u32,
+    /// Tokens, node credential, and whether running open is allowed (see [`crate::auth`]).
+    pub auth: AuthConfig,
 }
 
 /// Cluster-mode settings.
@@ -349,6 +405,7 @@ impl Default for Config {
             projection_retention: None,
             cluster: None,
             topic_partitions: 8,
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -425,6 +482,17 @@ impl ServeArgs {
                 .topic_partitions
                 .or(file.topic_partitions)
                 .unwrap_or(base.topic_partitions),
+            auth: AuthConfig {
+                tokens_file: self.tokens_file.or(file.tokens_file),
+                insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth,
+                metrics_public: self.metrics_public || file.metrics_public,
+                node_token_file: self.node_token_file.or(file.node_token_file),
+                reload_interval: self
+                    .tokens_reload_interval_ms
+                    .or(file.tokens_reload_interval_ms)
+                    .map(Duration::from_millis),
+                create_operator_token: self.create_operator_token || file.create_operator_token,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -449,6 +517,12 @@ impl Config {
         for (name, d) in [
             ("sweep-interval-ms", self.sweep_interval),
             ("refill-interval-ms", self.refill_interval),
+            (
+                "tokens-reload-interval-ms",
+                self.auth
+                    .reload_interval
+                    .unwrap_or(crate::auth::DEFAULT_RELOAD_INTERVAL),
+            ),
         ] {
             if d.is_zero() || d > Duration::from_secs(3_600) {
                 return Err(format!("{name} must be 1..=3600000"));

@@ -15,6 +15,8 @@
 //!   units is sized, behind the `Sizer` the writer calls.
 //! - [`queries`]: the read side: a projector following the same log into
 //!   `<data-dir>/projections`, and the query endpoints over it (`?min_position=`).
+//! - [`auth`]: bearer tokens, principals and scopes, checked on every route
+//!   and passed along between cluster nodes.
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
 //! - [`cluster`]: several nodes on one Kafka topic (consumer-group ownership,
 //!   claims, routing between nodes, `GET /v1/cluster`); every node also runs
@@ -29,6 +31,7 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod bodies;
 pub mod clock;
 pub mod cluster;
@@ -104,6 +107,7 @@ pub async fn start_with_clock<L: EventLog>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, String> {
     config.validate()?;
+    let auth = auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
     let retired = Arc::new(writer::RetiredIndex::open(
         &config.data_dir.join("retired"),
     )?);
@@ -112,7 +116,13 @@ pub async fn start_with_clock<L: EventLog>(
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let state = app::AppState::new(telemetry::install());
-    let app = api::router(state.clone(), config.max_body_bytes);
+    auth.watch(
+        config
+            .auth
+            .reload_interval
+            .unwrap_or(auth::DEFAULT_RELOAD_INTERVAL),
+    );
+    let app = api::router(state.clone(), config.max_body_bytes, auth);
     state.estimators().set_dir(&config.data_dir);
     // The read side follows the same log in its own database.
     let projector = queries::spawn(

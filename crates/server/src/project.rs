@@ -76,6 +76,8 @@ async fn serve<L: EventReader>(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let auth = crate::auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    auth.watch(crate::auth::DEFAULT_RELOAD_INTERVAL);
     let state = AppState::new(telemetry::install());
     let projector = queries::spawn(
         log,
@@ -84,7 +86,7 @@ async fn serve<L: EventReader>(
         state.queries().clone(),
     );
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "projector listening");
-    let served = axum::serve(listener, router(state))
+    let served = axum::serve(listener, router(state, auth))
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| e.to_string());
@@ -95,12 +97,17 @@ async fn serve<L: EventReader>(
 
 /// The query routes plus health, readiness, metrics and the OpenAPI document;
 /// every write route is absent (404), since this process never writes.
-pub fn router(state: AppState) -> Router {
+pub fn router(state: AppState, auth: Arc<crate::auth::Auth>) -> Router {
+    let metrics_public = auth.metrics_public();
+    let metrics = match auth.metrics_public() {
+        true => get(api::metrics_text),
+        false => crate::auth::require(crate::auth::METRICS, get(api::metrics_text)),
+    };
     Router::new()
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(api::metrics_text))
-        .route("/openapi.json", get(openapi_json))
+        .route("/metrics", metrics)
+        .route("/openapi.json", get(move || openapi_json(metrics_public)))
         .merge(queries::routes())
         .fallback(|| async {
             ApiError::new(
@@ -109,6 +116,10 @@ pub fn router(state: AppState) -> Router {
                 "no such resource (a projector serves only the query API)",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::auth::authenticate,
+        ))
         .with_state(state)
 }
 
@@ -122,9 +133,11 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn openapi_json() -> Response {
+async fn openapi_json(metrics_public: bool) -> Response {
     use utoipa::OpenApi;
-    Json(queries::QueriesDoc::openapi()).into_response()
+    let mut doc = queries::QueriesDoc::openapi();
+    crate::auth::openapi::declare(&mut doc, metrics_public);
+    Json(doc).into_response()
 }
 
 /// Connects to `topic` once it exists; never creates it (the writers do, with

@@ -104,6 +104,8 @@ pub struct Node {
     /// unique across the cluster); rewritten by each take-over's replay.
     pub retired: Arc<crate::writer::RetiredIndex>,
     pub started: Instant,
+    /// Tokens and the node credential, shared by every router of the node.
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 impl Node {
@@ -257,11 +259,30 @@ pub async fn run(
         config.projection_retention,
         queries.clone(),
     );
-    let idle = crate::api::router(idle_state, config.max_body_bytes);
+    let auth = crate::auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    if auth.enabled() && auth.node_credential().is_none() {
+        return Err("cluster mode with authentication needs --node-token-file (the credential nodes forward with; `reservoir token generate` makes one)".to_string());
+    }
+    auth.watch(
+        config
+            .auth
+            .reload_interval
+            .unwrap_or(crate::auth::DEFAULT_RELOAD_INTERVAL),
+    );
+    let idle = crate::api::router(idle_state, config.max_body_bytes, auth.clone());
     let retired = Arc::new(crate::writer::RetiredIndex::open(
         &config.data_dir.join("retired"),
     )?);
+    // Every request to a peer carries the node credential (see `crate::auth::forward`).
+    let mut peer_headers = reqwest::header::HeaderMap::new();
+    if let Some(node) = auth.node_credential() {
+        let mut value = reqwest::header::HeaderValue::from_str(&node.authorization())
+            .map_err(|_| "the node token is not a valid header value".to_string())?;
+        value.set_sensitive(true);
+        peer_headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let http = reqwest::Client::builder()
+        .default_headers(peer_headers)
         .pool_max_idle_per_host(64)
         .tcp_nodelay(true)
         .build()
@@ -286,6 +307,7 @@ pub async fn run(
         queries,
         retired,
         started: Instant::now(),
+        auth,
     });
     let app = routing::router(node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
