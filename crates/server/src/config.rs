@@ -91,6 +91,13 @@ pub struct ServeArgs {
     /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
     #[arg(long, env = "RESERVOIR_TOPIC")]
     pub topic: Option<String>,
+    /// A librdkafka security setting for every Kafka client, `KEY=VALUE`;
+    /// repeat for several. Only `security.protocol`, `sasl.*` and `ssl.*`
+    /// (e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=SCRAM-SHA-512`,
+    /// `ssl.ca.location=/etc/kafka/ca.pem`); put secrets in the `--config`
+    /// file (`kafka_properties = [...]`), not on the command line.
+    #[arg(long = "kafka-property")]
+    pub kafka_properties: Option<Vec<String>>,
     /// Writer tasks; each owns the ledger partitions of a hash range of (subject, route). Default 16.
     /// Each shard has one batch in flight; the log groups concurrent shards' batches
     /// into one synced write, so more shards put more work behind each fsync.
@@ -212,6 +219,13 @@ pub struct ProjectArgs {
     /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
     #[arg(long, env = "RESERVOIR_TOPIC")]
     pub topic: Option<String>,
+    /// A librdkafka security setting for every Kafka client, `KEY=VALUE`;
+    /// repeat for several. Only `security.protocol`, `sasl.*` and `ssl.*`
+    /// (e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=SCRAM-SHA-512`,
+    /// `ssl.ca.location=/etc/kafka/ca.pem`); put secrets in the `--config`
+    /// file (`kafka_properties = [...]`), not on the command line.
+    #[arg(long = "kafka-property")]
+    pub kafka_properties: Option<Vec<String>>,
     /// As `reservoir serve --projection-retention-secs`.
     #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
     pub projection_retention_secs: Option<u64>,
@@ -237,6 +251,8 @@ pub struct ProjectConfig {
     pub log: ProjectSource,
     pub projection_retention: Option<Duration>,
     pub auth: AuthConfig,
+    /// librdkafka security settings (see [`kafka_properties`]).
+    pub kafka_properties: Vec<(String, String)>,
 }
 
 /// `--projection-retention-secs`: 0 or none keeps every record.
@@ -320,10 +336,12 @@ impl ProjectArgs {
                 ProjectSource::Embedded { log_dir }
             }
         };
+        let kafka_properties = kafka_properties(self.kafka_properties.or(file.kafka_properties))?;
         Ok(ProjectConfig {
             data_dir,
             listen,
             log,
+            kafka_properties,
             projection_retention: retention(
                 self.projection_retention_secs
                     .or(file.projection_retention_secs),
@@ -336,6 +354,28 @@ impl ProjectArgs {
             },
         })
     }
+}
+
+/// `KEY=VALUE` librdkafka settings, only the security ones (`security.protocol`,
+/// `sasl.*`, `ssl.*`): the others are the log's to choose.
+pub fn kafka_properties(raw: Option<Vec<String>>) -> Result<Vec<(String, String)>, String> {
+    raw.unwrap_or_default()
+        .iter()
+        .map(|item| {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--kafka-property {item:?} is not KEY=VALUE"))?;
+            let key = key.trim();
+            let security =
+                key == "security.protocol" || key.starts_with("sasl.") || key.starts_with("ssl.");
+            if !security || value.is_empty() {
+                return Err(format!(
+                    "--kafka-property {key}: only security.protocol, sasl.* and ssl.* with a value"
+                ));
+            }
+            Ok((key.to_string(), value.to_string()))
+        })
+        .collect()
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {
@@ -367,6 +407,8 @@ pub struct Config {
     pub topic_partitions: u32,
     /// Tokens, node credential, and whether running open is allowed (see [`crate::auth`]).
     pub auth: AuthConfig,
+    /// librdkafka security settings for every Kafka client (see [`kafka_properties`]).
+    pub kafka_properties: Vec<(String, String)>,
 }
 
 /// Cluster-mode settings.
@@ -406,6 +448,7 @@ impl Default for Config {
             cluster: None,
             topic_partitions: 8,
             auth: AuthConfig::default(),
+            kafka_properties: Vec::new(),
         }
     }
 }
@@ -439,7 +482,10 @@ impl ServeArgs {
                         .unwrap_or(10_000),
                 ),
             });
+        let kafka_properties =
+            kafka_properties(self.kafka_properties.clone().or(file.kafka_properties))?;
         let config = Config {
+            kafka_properties,
             data_dir: self.data_dir.or(file.data_dir).unwrap_or(base.data_dir),
             listen,
             log: self.log.or(file.log).unwrap_or(base.log),

@@ -159,6 +159,7 @@ async fn serve(mut config: Config) -> Result<(), String> {
                 .clone()
                 .ok_or("--log kafka needs --brokers HOST:PORT")?;
             let mut kafka = KafkaConfig::new(brokers, writer_id.clone());
+            kafka.client_overrides = config.kafka_properties.clone();
             kafka.topic = config.topic.clone();
             kafka.partitions_for_new_topic = config.topic_partitions;
             let log = KafkaLog::connect(kafka)

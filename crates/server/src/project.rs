@@ -50,7 +50,7 @@ pub async fn run(
         .map_err(|e| format!("cannot create {}: {e}", config.data_dir.display()))?;
     match config.log.clone() {
         ProjectSource::Kafka { brokers, topic } => {
-            let log = connect_kafka(&brokers, &topic).await?;
+            let log = connect_kafka(&brokers, &topic, &config.kafka_properties).await?;
             serve(config, Arc::new(ReadOnly(log)), shutdown).await
         }
         ProjectSource::Embedded { log_dir } => {
@@ -142,7 +142,11 @@ async fn openapi_json(metrics_public: bool) -> Response {
 
 /// Connects to `topic` once it exists; never creates it (the writers do, with
 /// their partition count).
-async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
+async fn connect_kafka(
+    brokers: &str,
+    topic: &str,
+    security: &[(String, String)],
+) -> Result<KafkaLog, String> {
     let boot = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
@@ -153,6 +157,7 @@ async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
         std::process::id()
     );
     let mut config = KafkaConfig::new(brokers, reader_id);
+    config.client_overrides = security.to_vec();
     config.topic = topic.to_string();
     config.reader_fetch_min_bytes = KafkaConfig::FOLLOWER_FETCH_MIN_BYTES;
     let mut waiting_since: Option<Instant> = None;
@@ -181,12 +186,15 @@ async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
 
 /// Partitions of the topic (0 when it does not exist), without creating it.
 fn topic_partitions(config: &KafkaConfig) -> Result<usize, String> {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+    let mut client = rdkafka::ClientConfig::new();
+    client
         .set("bootstrap.servers", &config.brokers)
         .set("allow.auto.create.topics", "false")
-        .set("log_level", "3")
-        .create()
-        .map_err(|e| format!("kafka client: {e}"))?;
+        .set("log_level", "3");
+    for (key, value) in &config.client_overrides {
+        client.set(key, value);
+    }
+    let consumer: BaseConsumer = client.create().map_err(|e| format!("kafka client: {e}"))?;
     let metadata = consumer
         .fetch_metadata(Some(&config.topic), config.request_timeout)
         .map_err(|e| format!("metadata of {}: {e}", config.topic))?;

@@ -226,6 +226,7 @@ pub async fn run(
         .unwrap_or(0);
     let writer_id = format!("{}@{}#{boot}", cluster.node_id, cluster.advertise_url);
     let mut kafka = KafkaConfig::new(brokers, writer_id.clone());
+    kafka.client_overrides = config.kafka_properties.clone();
     kafka.topic = config.topic.clone();
     kafka.partitions_for_new_topic = config.topic_partitions;
     let log = KafkaLog::connect(kafka)
@@ -243,6 +244,7 @@ pub async fn run(
         format!("projector-{writer_id}"),
     );
     reader.topic = config.topic.clone();
+    reader.client_overrides = config.kafka_properties.clone();
     reader.reader_fetch_min_bytes = KafkaConfig::FOLLOWER_FETCH_MIN_BYTES;
     let reader = KafkaLog::connect(reader)
         .await
