@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequestParts, RawPathParams, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -107,10 +108,17 @@ pub fn require<S: Clone + Send + Sync + 'static>(
 
 async fn check(
     State(allowed): State<&'static [Scope]>,
-    params: RawPathParams,
+    params: Result<RawPathParams, RawPathParamsRejection>,
     request: Request,
     next: Next,
 ) -> Response {
+    let params = match params {
+        Ok(params) => params,
+        Err(e) => {
+            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text())
+                .into_response()
+        }
+    };
     let Some(principal) = request.extensions().get::<Principal>() else {
         return unauthorized("no credentials");
     };

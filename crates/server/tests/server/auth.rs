@@ -461,6 +461,16 @@ async fn every_endpoint_answers_every_role_as_the_table_says() {
     run_table(&tokens, &server.base, &rows).await;
     let (_, doc) = server.get("/openapi.json").await;
     assert_declared(&doc, &rows);
+    // A path the subject check cannot read is a problem+json 400, not plain text.
+    let op = tokens.client(Role::Operator);
+    for path in ["/v1/tenants/%FF/balances", "/v1/policies/%FF/chat"] {
+        let (status, body, headers) = send(&op, &server.base, &Method::GET, path, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert_eq!(
+            headers["content-type"], "application/problem+json",
+            "{path}"
+        );
+    }
     server.assert_conserved().await;
     server.stop().await;
 }
