@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
 use crate::auth::AuthConfig;
+use crate::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -146,6 +147,12 @@ pub struct ServeArgs {
     /// it. 0 or unset = keep every record (about 600 bytes of disk each).
     #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
     pub projection_retention_secs: Option<u64>,
+    /// TLS certificate chain (PEM) for the HTTP listener; with `--tls-key`.
+    #[arg(long, env = "RESERVOIR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the HTTP listener; with `--tls-cert`.
+    #[arg(long, env = "RESERVOIR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Tokens file (TOML, SHA-256 hashes only; `reservoir token create` writes it).
     /// Default `<data-dir>/tokens.toml` if it exists; without one authentication is off,
     /// which only a loopback listen address allows.
@@ -229,6 +236,12 @@ pub struct ProjectArgs {
     /// As `reservoir serve --projection-retention-secs`.
     #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
     pub projection_retention_secs: Option<u64>,
+    /// TLS certificate chain (PEM) for the HTTP listener; with `--tls-key`.
+    #[arg(long, env = "RESERVOIR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the HTTP listener; with `--tls-cert`.
+    #[arg(long, env = "RESERVOIR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Tokens file (TOML, SHA-256 hashes only; `reservoir token create` writes it).
     /// Without one authentication is off, which only a loopback listen address allows.
     #[arg(long, env = "RESERVOIR_TOKENS_FILE")]
@@ -251,6 +264,8 @@ pub struct ProjectConfig {
     pub log: ProjectSource,
     pub projection_retention: Option<Duration>,
     pub auth: AuthConfig,
+    /// `Some`: TLS on the listener (see [`crate::tls`]).
+    pub tls: Option<TlsFiles>,
     /// librdkafka security settings (see [`kafka_properties`]).
     pub kafka_properties: Vec<(String, String)>,
 }
@@ -337,10 +352,15 @@ impl ProjectArgs {
             }
         };
         let kafka_properties = kafka_properties(self.kafka_properties.or(file.kafka_properties))?;
+        let tls = tls_files(
+            self.tls_cert.or(file.tls_cert),
+            self.tls_key.or(file.tls_key),
+        )?;
         Ok(ProjectConfig {
             data_dir,
             listen,
             log,
+            tls,
             kafka_properties,
             projection_retention: retention(
                 self.projection_retention_secs
@@ -378,6 +398,15 @@ pub fn kafka_properties(raw: Option<Vec<String>>) -> Result<Vec<(String, String)
         .collect()
 }
 
+/// `--tls-cert` and `--tls-key`: both or neither.
+fn tls_files(cert: Option<PathBuf>, key: Option<PathBuf>) -> Result<Option<TlsFiles>, String> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+        (None, None) => Ok(None),
+        _ => Err("--tls-cert and --tls-key go together".to_string()),
+    }
+}
+
 fn same_dir(a: &Path, b: &Path) -> bool {
     match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -407,6 +436,8 @@ pub struct Config {
     pub topic_partitions: u32,
     /// Tokens, node credential, and whether running open is allowed (see [`crate::auth`]).
     pub auth: AuthConfig,
+    /// `Some`: TLS on the listener (see [`crate::tls`]).
+    pub tls: Option<TlsFiles>,
     /// librdkafka security settings for every Kafka client (see [`kafka_properties`]).
     pub kafka_properties: Vec<(String, String)>,
 }
@@ -448,6 +479,7 @@ impl Default for Config {
             cluster: None,
             topic_partitions: 8,
             auth: AuthConfig::default(),
+            tls: None,
             kafka_properties: Vec::new(),
         }
     }
@@ -484,8 +516,13 @@ impl ServeArgs {
             });
         let kafka_properties =
             kafka_properties(self.kafka_properties.clone().or(file.kafka_properties))?;
+        let tls = tls_files(
+            self.tls_cert.clone().or(file.tls_cert),
+            self.tls_key.clone().or(file.tls_key),
+        )?;
         let config = Config {
             kafka_properties,
+            tls,
             data_dir: self.data_dir.or(file.data_dir).unwrap_or(base.data_dir),
             listen,
             log: self.log.or(file.log).unwrap_or(base.log),
@@ -583,6 +620,10 @@ impl Config {
             ));
         }
         if let Some(cluster) = &self.cluster {
+            if self.tls.is_some() {
+                // Peers reach each other over the advertised http:// URLs.
+                return Err("--tls-cert is not supported in cluster mode yet: terminate TLS in front of the nodes".to_string());
+            }
             if self.log != LogKind::Kafka {
                 return Err("--cluster-group needs --log kafka".to_string());
             }

@@ -17,6 +17,7 @@
 //!   `<data-dir>/projections`, and the query endpoints over it (`?min_position=`).
 //! - [`auth`]: bearer tokens, principals and scopes, checked on every route
 //!   and passed along between cluster nodes.
+//! - [`tls`]: optional TLS (rustls) on the HTTP listener.
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
 //! - [`cluster`]: several nodes on one Kafka topic (consumer-group ownership,
 //!   claims, routing between nodes, `GET /v1/cluster`); every node also runs
@@ -45,6 +46,7 @@ pub mod sizing;
 pub mod snapshot;
 pub mod sweeper;
 pub mod telemetry;
+pub mod tls;
 pub mod views;
 pub mod writer;
 
@@ -108,6 +110,8 @@ pub async fn start_with_clock<L: EventLog>(
 ) -> Result<RunningServer, String> {
     config.validate()?;
     let auth = auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+    warn_clear_tokens(&auth, tls.is_some(), config.listen);
     let retired = Arc::new(writer::RetiredIndex::open(
         &config.data_dir.join("retired"),
     )?);
@@ -131,12 +135,7 @@ pub async fn start_with_clock<L: EventLog>(
         config.projection_retention,
         state.queries().clone(),
     );
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| e.to_string())
-    });
+    let http = tokio::spawn(async move { tls::serve(listener, tls, app, shutdown).await });
 
     let serving = async move {
         let mut claim_epochs = claim_epochs;
@@ -295,6 +294,13 @@ pub async fn start_with_clock<L: EventLog>(
         served
     });
     Ok(RunningServer { addr, done })
+}
+
+/// Bearer tokens over plain HTTP beyond loopback can be read on the way.
+pub fn warn_clear_tokens(auth: &auth::Auth, tls: bool, listen: SocketAddr) {
+    if auth.enabled() && !tls && !listen.ip().is_loopback() {
+        tracing::warn!(%listen, "bearer tokens travel in clear: give --tls-cert and --tls-key, or terminate TLS in front of this server");
+    }
 }
 
 /// Writes local snapshots of the writers' state (see [`snapshot`]).

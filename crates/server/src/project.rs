@@ -77,6 +77,8 @@ async fn serve<L: EventReader>(
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let auth = crate::auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+    crate::warn_clear_tokens(&auth, tls.is_some(), config.listen);
     auth.watch(crate::auth::DEFAULT_RELOAD_INTERVAL);
     let state = AppState::new(telemetry::install());
     let projector = queries::spawn(
@@ -86,10 +88,7 @@ async fn serve<L: EventReader>(
         state.queries().clone(),
     );
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "projector listening");
-    let served = axum::serve(listener, router(state, auth))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| e.to_string());
+    let served = crate::tls::serve(listener, tls, router(state, auth), shutdown).await;
     projector.stop().await;
     tracing::info!("stopped");
     served

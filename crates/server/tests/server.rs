@@ -54,3 +54,5 @@ mod recovery;
 mod sizing;
 #[path = "server/sweepers.rs"]
 mod sweepers;
+#[path = "server/tls.rs"]
+mod tls;

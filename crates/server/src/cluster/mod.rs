@@ -262,6 +262,7 @@ pub async fn run(
         queries.clone(),
     );
     let auth = crate::auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    crate::warn_clear_tokens(&auth, false, config.listen);
     if auth.enabled() && auth.node_credential().is_none() {
         return Err("cluster mode with authentication needs --node-token-file (the credential nodes forward with; `reservoir token generate` makes one)".to_string());
     }
