@@ -48,12 +48,14 @@ use rocksdb::{WriteBatch, WriteOptions, DB};
 use tokio::sync::{watch, Notify};
 
 use crate::model::{
-    ClaimState, Cursor, EfficiencyHistogram, Finding, InputDrift, MoveSide, PartitionBalance,
+    ClaimState, Cursor, EfficiencyHistogram, Finding, InputDrift, PartitionBalance,
     PartitionProjection, Refusal, ReservationRecord, Rollup, ShadowRecord,
 };
 use crate::sketch::RollingDigest;
 use crate::store::{self, decode, encode, get, get_raw, scan_prefix, store_error};
 use crate::{ProjectionError, Projections};
+
+mod moves;
 
 /// How often a following projector publishes its lag (a look at the log's end
 /// costs a broker round trip on Kafka).
@@ -740,76 +742,8 @@ fn apply_record(
             return Ok(());
         }
         derive(db, work, proj, position, key, event)?;
-        check_move_half(db, work, position, index as u32, key, event)?;
+        moves::check_move_half(db, work, position, index as u32, key, event)?;
     }
-    Ok(())
-}
-
-/// Checks a `MovedOut`/`MovedIn` against its other half once both are
-/// projected: the same move id, each naming the other's partition, the same
-/// units and debt. A mismatch is a finding (the tamper replay `verify` and
-/// `audit` locate too); an unpaired half can only be told at the end of the
-/// log, which is replay's to say.
-fn check_move_half(
-    db: &DB,
-    work: &mut Work,
-    position: Position,
-    index: u32,
-    key: &PartitionKey,
-    event: &Event,
-) -> Result<(), ProjectionError> {
-    let (move_id, side, other, mine) = match &event.body {
-        EventBody::MovedOut {
-            move_id,
-            to,
-            units,
-            debt_units,
-        } => (move_id, "out", "in", (to, *units, *debt_units)),
-        EventBody::MovedIn {
-            move_id,
-            from,
-            units,
-            debt_units,
-        } => (move_id, "in", "out", (from, *units, *debt_units)),
-        _ => return Ok(()),
-    };
-    let mine = MoveSide {
-        key: key.clone(),
-        counterpart: mine.0.clone(),
-        units: mine.1,
-        debt_units: mine.2,
-    };
-    let other_key = format!("{move_id}|{other}");
-    let pending = work.puts.get(&(store::MOVES, other_key.clone())).cloned();
-    let counterpart: Option<MoveSide> = match pending {
-        Some(bytes) => Some(decode(store::MOVES, other_key.as_bytes(), &bytes)?),
-        None => get(db, store::MOVES, &other_key)?,
-    };
-    if let Some(c) = counterpart {
-        let paired = c.key == mine.counterpart
-            && c.counterpart == mine.key
-            && (c.units, c.debt_units) == (mine.units, mine.debt_units);
-        if !paired {
-            let finding = Finding {
-                key: key.clone(),
-                log_partition: position.log_partition,
-                offset: position.offset,
-                event_index: index,
-                sequence: event.sequence,
-                error: format!(
-                    "move {move_id}: this half ({} units, {} debt, with {}) does not match its other half in {} ({} units, {} debt, with {})",
-                    mine.units, mine.debt_units, mine.counterpart, c.key, c.units, c.debt_units, c.counterpart
-                ),
-            };
-            tracing::warn!(?finding, "move halves do not match");
-            work.put(
-                store::FINDINGS,
-                store::finding_key(position.log_partition, position.offset, index),
-                encode(&finding),
-            );
-        }
-    }
-    work.put(store::MOVES, format!("{move_id}|{side}"), encode(&mine));
     Ok(())
 }
 
