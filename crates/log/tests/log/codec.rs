@@ -315,24 +315,7 @@ fn event_bodies_have_exactly_the_fields_of_their_schema() {
 #[test]
 fn records_the_seeds_name_match_their_rust_types() {
     // With every optional part set, so serde writes every field.
-    let policy = reservoir_core::Policy {
-        exclude_cache_read_input_tokens: true,
-        estimator: Some(Box::new(reservoir_core::EstimatorConfig {
-            default_max_tokens: Some(1_024),
-            sibling_route: Some("chat.summarize".to_string()),
-            ..reservoir_core::default_estimator(&reservoir_core::Policy::example_three_dimensions(
-                "tenant-7",
-                "chat.generate",
-                31,
-            ))
-        })),
-        epoch_length: reservoir_core::EpochLength::Daily,
-        rollout: Some(reservoir_core::Rollout {
-            enforced_per_million: 10_000,
-            salt: "s".to_string(),
-        }),
-        ..reservoir_core::Policy::example_three_dimensions("tenant-7", "chat.generate", 31)
-    };
+    let policy = fixtures::every_part_policy(31);
     let json = serde_json::to_value(&policy).unwrap();
     assert_eq!(serde_fields(&json), avro_fields("AdmissionBudget"));
     assert_eq!(

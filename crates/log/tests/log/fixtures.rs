@@ -244,14 +244,10 @@ pub fn claim(writer: &str, epoch: u64) -> LogEntry {
     })
 }
 
-/// A three-dimension partition's history, decided and applied by the core: an
-/// event of every kind that carries further-dimension amounts, a refusal
-/// naming its dimension, and usage with cache reads.
-pub fn three_dimension_events() -> Vec<Event> {
-    use reservoir_core::{
-        decide, refusal_event, try_apply, Command, OperationId, Partition, Usage,
-    };
-    let policy = Policy {
+/// A three-dimension policy with every optional part set (so serde and the
+/// codec write every field), as generation `generation`.
+pub fn every_part_policy(generation: u64) -> Policy {
+    Policy {
         exclude_cache_read_input_tokens: true,
         estimator: Some(Box::new(reservoir_core::EstimatorConfig {
             default_max_tokens: Some(1_024),
@@ -267,8 +263,18 @@ pub fn three_dimension_events() -> Vec<Event> {
             enforced_per_million: 10_000,
             salt: "rollout-2026-12".to_string(),
         }),
-        ..Policy::example_three_dimensions("tenant-7", "chat.generate", 40)
+        ..Policy::example_three_dimensions("tenant-7", "chat.generate", generation)
+    }
+}
+
+/// A three-dimension partition's history, decided and applied by the core: an
+/// event of every kind that carries further-dimension amounts, a refusal
+/// naming its dimension, and usage with cache reads.
+pub fn three_dimension_events() -> Vec<Event> {
+    use reservoir_core::{
+        decide, refusal_event, try_apply, Command, OperationId, Partition, Usage,
     };
+    let policy = every_part_policy(40);
     let key = PartitionKey::new("tenant-7", "chat.generate", "2026-12", 40).unwrap();
     let reserve = |id: &str, input, output| Command::Reserve {
         id: rid(id),
