@@ -8,6 +8,9 @@ use serde_json::Value;
 
 use super::support::text;
 
+/// Headless Chromium renders one page in a second or two; past this it hangs.
+const CHROMIUM_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Debian's `chromium`; its absence fails under CI=true (scripts/setup installs it).
 pub fn chromium() -> Option<PathBuf> {
     for name in ["chromium", "chromium-browser"] {
@@ -41,7 +44,8 @@ pub fn render(
 ) -> Vec<String> {
     let netlog = png.with_extension("netlog.json");
     let profile = tempfile::tempdir_in(scratch).unwrap();
-    let out = Command::new(chromium)
+    let mut command = Command::new(chromium);
+    command
         .args([
             "--headless",
             "--disable-gpu",
@@ -54,9 +58,8 @@ pub fn render(
         .arg(format!("--window-size={},{}", window.0, window.1))
         .arg(format!("--log-net-log={}", netlog.display()))
         .arg(format!("--screenshot={}", png.display()))
-        .arg(format!("file://{}", page.display()))
-        .output()
-        .expect("run chromium");
+        .arg(format!("file://{}", page.display()));
+    let out = reservoir_testkit::output_bounded(&mut command, "chromium", CHROMIUM_LIMIT);
     assert!(
         out.status.success() && png.exists(),
         "chromium: {}",

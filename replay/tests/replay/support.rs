@@ -2,7 +2,6 @@
 //! tenant's history driven over HTTP, the projector run over the finished log,
 //! and the `reservoir-replay` binary.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
@@ -13,6 +12,7 @@ use reservoir_log::embedded::EmbeddedLog;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
 use reservoir_log::EventLog;
 use reservoir_projections::{store, Projector, ProjectorConfig};
+use reservoir_testkit::{output_bounded, terminate, StderrTail, EXIT_LIMIT};
 use serde_json::{json, Value};
 
 /// The server binary, built next to this test's binary by a workspace build
@@ -36,10 +36,11 @@ pub fn replay_binary() -> &'static str {
 
 /// Runs `reservoir-replay` with `args`.
 pub fn replay(args: &[&str]) -> Output {
-    Command::new(replay_binary())
-        .args(args)
-        .output()
-        .expect("run reservoir-replay")
+    output_bounded(
+        Command::new(replay_binary()).args(args),
+        "reservoir-replay",
+        EXIT_LIMIT,
+    )
 }
 
 /// `reservoir-replay --log-dir LOG audit --tenant TENANT --format FORMAT EXTRA…`.
@@ -72,6 +73,7 @@ pub fn text(b: &[u8]) -> String {
 
 pub struct Server {
     child: Child,
+    stderr: StderrTail,
     pub base: String,
     pub client: reqwest::Client,
 }
@@ -90,15 +92,12 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn reservoir");
-        let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("addr=").nth(1) {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
-                    }
+        let mut tx = Some(tx);
+        let stderr = StderrTail::follow(child.stderr.take().unwrap(), move |line| {
+            if let Some(addr) = line.split("addr=").nth(1) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
                 }
             }
         });
@@ -107,6 +106,7 @@ impl Server {
             .expect("server printed its address");
         let server = Server {
             child,
+            stderr,
             base: format!("http://{addr}"),
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(20))
@@ -153,12 +153,10 @@ impl Server {
         r.json().await.unwrap()
     }
 
-    /// SIGTERM, then wait for a clean exit.
+    /// SIGTERM, then wait for a clean exit (a bounded wait: a server that
+    /// does not stop fails the test with its stacks and its last log lines).
     pub fn stop(mut self) {
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let status = self.child.wait().unwrap();
+        let status = terminate(&mut self.child, "reservoir serve", Some(&self.stderr));
         assert!(status.success(), "server exited with {status}");
     }
 }

@@ -312,6 +312,11 @@ async fn a_tampered_move_is_found_and_located() {
             let (status, body) = server.post("/v1/reservations", r).await;
             assert_eq!(status, 201, "{body}");
         }
+        let ms: u64 = std::env::var("SLEEP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     }
     server.stop();
     let log_dir = dir.path().join("log");

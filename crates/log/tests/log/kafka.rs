@@ -26,8 +26,12 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use reservoir_log::fence::read_valid;
 use reservoir_log::kafka::{KafkaConfig, KafkaLog};
 use reservoir_log::{EventLog, EventReader, LogEntry, LogError, Position, Record};
+use reservoir_testkit::output_bounded;
 
 use crate::fixtures;
+
+/// A Kafka tool or the independent reader takes seconds; past this it hung.
+const TOOL_LIMIT: Duration = Duration::from_secs(180);
 
 /// The broker under test, from `RESERVOIR_TEST_BROKERS`. Missing: a failure
 /// under `CI=true`, a loud skip otherwise.
@@ -486,10 +490,12 @@ async fn independent_read(brokers: &str) -> (KafkaLog, BTreeMap<(u32, u64), serd
         env!("CARGO_MANIFEST_DIR"),
         "/tests/log/kafka_independent_reader.py"
     );
-    let output = Command::new("python3")
-        .args([script, brokers, &topic, &format!("{repo}/schemas")])
-        .output()
-        .expect("python3 runs (scripts/setup-kafka installs confluent-kafka and fastavro)");
+    // python3 with confluent-kafka and fastavro (scripts/setup-kafka installs them).
+    let output = output_bounded(
+        Command::new("python3").args([script, brokers, &topic, &format!("{repo}/schemas")]),
+        "the independent reader",
+        TOOL_LIMIT,
+    );
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(
         output.status.success(),
@@ -645,7 +651,9 @@ async fn kafka_console_consumer_reads_keys_and_headers() {
     // commas, the console consumer's default header separator). A header's
     // name and value are always joined by ':' (our header names have none).
     let (field, header, header_value) = ("\u{1f}", "\u{1e}", ":");
-    let output = Command::new("java")
+    // Java 17+; scripts/setup-kafka fetches the tools.
+    let mut console = Command::new("java");
+    console
         .args(["-Xmx256m", "-cp", &format!("{home}/*")])
         .arg("org.apache.kafka.tools.consumer.ConsoleConsumer")
         .args(["--bootstrap-server", &brokers, "--topic", &topic])
@@ -661,9 +669,8 @@ async fn kafka_console_consumer_reads_keys_and_headers() {
         .args([
             "--formatter-property",
             &format!("headers.separator={header}"),
-        ])
-        .output()
-        .expect("java runs (Java 17+; scripts/setup-kafka fetches the tools)");
+        ]);
+    let output = output_bounded(&mut console, "Kafka's console consumer", TOOL_LIMIT);
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(
         output.status.success(),

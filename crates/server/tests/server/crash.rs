@@ -13,7 +13,6 @@
 //! acknowledged reservation is in the log after a restart.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use reservoir_core::{EventBody, Partition};
+use reservoir_testkit::StderrTail;
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -32,6 +32,15 @@ static SNAPSHOT_RECOVERIES: std::sync::atomic::AtomicUsize = std::sync::atomic::
 pub struct ServerProcess {
     pub child: Child,
     pub base: String,
+    stderr: StderrTail,
+}
+
+impl ServerProcess {
+    /// SIGTERM, then its exit status: a bounded wait, so a server that does
+    /// not stop fails the test with its stacks and last log lines.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        reservoir_testkit::terminate(&mut self.child, "reservoir serve", Some(&self.stderr))
+    }
 }
 
 /// Starts `reservoir serve` on `data_dir` and a free port; returns once `/readyz` is 200.
@@ -71,25 +80,23 @@ pub async fn spawn_server_env(
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn reservoir");
-    let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("addr=").nth(1) {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
-                }
+    let mut tx = Some(tx);
+    let verbose = std::env::var_os("RESERVOIR_TEST_VERBOSE").is_some();
+    let stderr = StderrTail::follow(child.stderr.take().unwrap(), move |line| {
+        if let Some(addr) = line.split("addr=").nth(1) {
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_string());
             }
-            if line.contains("failpoint: paused") {
-                FAILPOINT_PAUSES.fetch_add(1, Ordering::SeqCst);
-            }
-            if line.contains("recovered from the log") && line.contains("from_snapshot=true") {
-                SNAPSHOT_RECOVERIES.fetch_add(1, Ordering::SeqCst);
-            }
-            if std::env::var_os("RESERVOIR_TEST_VERBOSE").is_some() {
-                eprintln!("[reservoir] {line}");
-            }
+        }
+        if line.contains("failpoint: paused") {
+            FAILPOINT_PAUSES.fetch_add(1, Ordering::SeqCst);
+        }
+        if line.contains("recovered from the log") && line.contains("from_snapshot=true") {
+            SNAPSHOT_RECOVERIES.fetch_add(1, Ordering::SeqCst);
+        }
+        if verbose {
+            eprintln!("[reservoir] {line}");
         }
     });
     let addr = rx
@@ -107,7 +114,11 @@ pub async fn spawn_server_env(
         assert!(Instant::now() < deadline, "not ready in time");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    ServerProcess { child, base }
+    ServerProcess {
+        child,
+        base,
+        stderr,
+    }
 }
 
 /// What a client was told, per reservation.
@@ -335,8 +346,7 @@ async fn sigkill_mid_batch_loses_nothing_acknowledged() {
         assert_eq!(v["reserved_units"], 0);
     }
     let mut fresh = fresh;
-    unsafe { libc::kill(fresh.child.id() as i32, libc::SIGTERM) };
-    assert!(fresh.child.wait().unwrap().success());
+    assert!(fresh.terminate().success());
 
     let partitions = replay_and_check(dir.path()).await;
     assert_eq!(partitions.len(), 3);
@@ -354,6 +364,7 @@ fn placeholder() -> ServerProcess {
     ServerProcess {
         child,
         base: String::new(),
+        stderr: StderrTail::default(),
     }
 }
 
@@ -397,8 +408,7 @@ async fn sigterm_finishes_the_batch_in_flight() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(400)).await;
-    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
-    let status = server.child.wait().unwrap();
+    let status = server.terminate();
     assert!(status.success(), "graceful exit, got {status}");
     for t in tasks {
         t.await.unwrap();

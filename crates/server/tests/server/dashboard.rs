@@ -318,8 +318,7 @@ async fn every_dashboard_metric_is_exported_by_a_running_server() {
         "reservoir_shadow_verdicts_total{route=\"chat.shadow\",verdict=\"would_admit\"} 1"
     ));
 
-    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
-    assert!(server.child.wait().unwrap().success());
+    assert!(server.terminate().success());
 }
 
 /// Grafana loads the dashboard from where compose mounts it, its data source is

@@ -89,8 +89,7 @@ async fn one_node_on_kafka_serves_and_recovers_from_the_topic() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{settled}");
-    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
-    assert!(server.child.wait().unwrap().success());
+    assert!(server.terminate().success());
 
     // A new process claims every partition again and rebuilds from the topic.
     let mut server = spawn_server_with(dir.path(), &args).await;
@@ -123,6 +122,5 @@ async fn one_node_on_kafka_serves_and_recovers_from_the_topic() {
     )
     .await;
     assert_eq!(status, StatusCode::CREATED);
-    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
-    assert!(server.child.wait().unwrap().success());
+    assert!(server.terminate().success());
 }
