@@ -116,6 +116,12 @@ pub struct ServeArgs {
     /// Largest request body accepted, bytes. Default 65536.
     #[arg(long, env = "RESERVOIR_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// After SIGTERM, how long open connections get to finish their requests
+    /// before they are closed, ms. Default 10000. Commands already handed to
+    /// a writer are decided and appended either way; a caller cut off retries
+    /// with the same id.
+    #[arg(long, env = "RESERVOIR_SHUTDOWN_GRACE_MS")]
+    pub shutdown_grace_ms: Option<u64>,
     /// Cluster mode (with `--log kafka`): join this Kafka consumer group on the
     /// topic; the partitions the group assigns to this node are the ones it
     /// writes. Every node of one cluster names the same group.
@@ -427,6 +433,9 @@ pub struct Config {
     pub sweep_interval: Duration,
     pub refill_interval: Duration,
     pub max_body_bytes: usize,
+    /// After the shutdown signal, the longest the listener waits for open
+    /// connections (see [`crate::tls::serve`]).
+    pub shutdown_grace: Duration,
     /// `None`: no snapshots (always for logs other than the embedded one).
     pub snapshot_interval: Option<Duration>,
     /// `Some`: the projections' retention rule (see `ProjectorConfig::retention`).
@@ -472,6 +481,7 @@ impl Default for Config {
             sweep_interval: Duration::from_millis(1_000),
             refill_interval: Duration::from_millis(1_000),
             max_body_bytes: 64 * 1024,
+            shutdown_grace: crate::tls::DEFAULT_SHUTDOWN_GRACE,
             // A restart replays at most this much of the log after the snapshot
             // (about 2 s at 10,000 cycles/s, see bench-results/bounded-state.md).
             snapshot_interval: Some(Duration::from_secs(30)),
@@ -550,6 +560,11 @@ impl ServeArgs {
                 .max_body_bytes
                 .or(file.max_body_bytes)
                 .unwrap_or(base.max_body_bytes),
+            shutdown_grace: self
+                .shutdown_grace_ms
+                .or(file.shutdown_grace_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(base.shutdown_grace),
             snapshot_interval: match self.snapshot_interval_secs.or(file.snapshot_interval_secs) {
                 Some(0) => None,
                 Some(secs) => Some(Duration::from_secs(secs)),
@@ -600,6 +615,7 @@ impl Config {
         for (name, d) in [
             ("sweep-interval-ms", self.sweep_interval),
             ("refill-interval-ms", self.refill_interval),
+            ("shutdown-grace-ms", self.shutdown_grace),
             (
                 "tokens-reload-interval-ms",
                 self.auth

@@ -135,7 +135,8 @@ pub async fn start_with_clock<L: EventLog>(
         config.projection_retention,
         state.queries().clone(),
     );
-    let http = tokio::spawn(async move { tls::serve(listener, tls, app, shutdown).await });
+    let grace = config.shutdown_grace;
+    let http = tokio::spawn(async move { tls::serve(listener, tls, app, shutdown, grace).await });
 
     let serving = async move {
         let mut claim_epochs = claim_epochs;

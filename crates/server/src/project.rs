@@ -88,7 +88,8 @@ async fn serve<L: EventReader>(
         state.queries().clone(),
     );
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "projector listening");
-    let served = crate::tls::serve(listener, tls, router(state, auth), shutdown).await;
+    let grace = crate::tls::DEFAULT_SHUTDOWN_GRACE;
+    let served = crate::tls::serve(listener, tls, router(state, auth), shutdown, grace).await;
     projector.stop().await;
     tracing::info!("stopped");
     served

@@ -129,24 +129,59 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
+/// How long, after the shutdown signal, open connections get to finish by
+/// default (`--shutdown-grace-ms`).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// Serves `app` on `listener` until `shutdown`, over TLS when `tls` is given.
+///
+/// After `shutdown` the listener stops accepting and waits for open
+/// connections to finish their requests, at most `grace`: past it, the rest
+/// are dropped. Without the bound one client could hold a stop open for ever
+/// (a request it never finishes sending; seen in tests with nothing but an
+/// idle keep-alive connection in the caller's pool). Dropping them loses
+/// nothing acknowledged: a command a writer already has is still decided and
+/// appended before the writers stop, and its caller, cut off, retries with
+/// the same id.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     app: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
 ) -> Result<(), String> {
-    match tls {
-        None => axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| e.to_string()),
-        Some(acceptor) => {
-            let listener = TlsListener::new(listener, acceptor).map_err(|e| e.to_string())?;
-            axum::serve(listener, app)
+    let (signalled, signal) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = signalled.send(());
+    };
+    let served = async move {
+        match tls {
+            None => axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string()),
+            Some(acceptor) => {
+                let listener = TlsListener::new(listener, acceptor).map_err(|e| e.to_string())?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        }
+    };
+    let out_of_grace = async move {
+        match signal.await {
+            Ok(()) => tokio::time::sleep(grace).await,
+            // The server ended without a signal: `served` has its answer.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        served = served => served,
+        () = out_of_grace => {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "connections still open after the shutdown grace; closing them");
+            Ok(())
         }
     }
 }

@@ -155,8 +155,17 @@ impl Server {
 
     /// SIGTERM, then wait for a clean exit (a bounded wait: a server that
     /// does not stop fails the test with its stacks and its last log lines).
-    pub fn stop(mut self) {
-        let status = terminate(&mut self.child, "reservoir serve", Some(&self.stderr));
+    /// The client goes first: its pooled keep-alive connection is one the
+    /// server would otherwise wait on for its shutdown grace.
+    pub fn stop(self) {
+        let Server {
+            mut child,
+            stderr,
+            client,
+            ..
+        } = self;
+        drop(client);
+        let status = terminate(&mut child, "reservoir serve", Some(&stderr));
         assert!(status.success(), "server exited with {status}");
     }
 }

@@ -321,10 +321,7 @@ pub async fn run(
         .then(|| tokio::spawn(membership::watchdog(node.clone(), stop_rx.clone())));
     let member = membership::join(node.clone())?;
     tracing::info!(%addr, node_id = %cluster.node_id, group = %cluster.group, advertise = %cluster.advertise_url, log_partitions = node.log_partitions(), "listening (cluster mode)");
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| e.to_string());
+    let served = crate::tls::serve(listener, None, app, shutdown, config.shutdown_grace).await;
     // Leave the group first, so the others take over without waiting for the
     // session to time out; leaving revokes (and aborts) every local partition.
     let _ = stop_tx.send(true);

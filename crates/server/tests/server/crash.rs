@@ -425,3 +425,64 @@ async fn sigterm_finishes_the_batch_in_flight() {
         );
     }
 }
+
+/// A client that never finishes its request cannot hold a SIGTERM open: after
+/// `--shutdown-grace-ms` the server closes what is still open and exits 0,
+/// with every acknowledged reservation in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_is_not_held_open_by_a_request_never_finished() {
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = spawn_server_with(dir.path(), &["--shutdown-grace-ms", "300"]).await;
+    let client = reqwest::Client::new();
+    let p = policy("t", "r", 1, 1_000, 0);
+    let (status, _) = split(
+        client
+            .post(format!("{}/v1/policies", server.base))
+            .json(&json!({"accounting_epoch": "e", "policy": p}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let body = json!({"id": "kept", "subject": "t", "route": "r", "units": 10});
+    let (status, _) = split(
+        client
+            .post(format!("{}/v1/reservations", server.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Headers complete, a body of 100 bytes announced, 10 sent: the request
+    // is in flight for as long as this client keeps the connection.
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stalled
+        .write_all(
+            b"POST /v1/reservations HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"id\": \"st",
+        )
+        .await
+        .unwrap();
+    stalled.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // `client` keeps its idle keep-alive connection open too.
+    let status = server.terminate();
+    assert!(status.success(), "graceful exit, got {status}");
+    drop(stalled);
+    let partitions = replay_and_check(dir.path()).await;
+    let p = partitions.values().next().unwrap();
+    let kept = reservoir_core::ReservationId::new("kept".to_string()).unwrap();
+    assert!(
+        p.reservation(&kept).is_some(),
+        "the acknowledged reserve is in the log"
+    );
+    assert_eq!(
+        p.ledger.reserved_units, 10,
+        "the unfinished request reserved nothing"
+    );
+}
