@@ -45,6 +45,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/openapi.json", get(openapi_json))
         .merge(crate::queries::routes())
+        .merge(crate::shards::http::routes())
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
         })
