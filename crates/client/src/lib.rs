@@ -18,7 +18,9 @@
 //! - [`StartScheduler`]: when only so many provider calls may run, picks the
 //!   next RESERVED request to start by tenant weight and policy priority.
 //! - [`Fallback`]: the hook where emergency shards admit while the ledger is
-//!   unreachable (none ships yet: the client fails closed).
+//!   unreachable; without one the client fails closed.
+//! - [`shards::ShardBook`]: the emergency-shard fallback: signed shards bound
+//!   to this process, local books checked after every operation, reconcile.
 //! - [`metrics`]: what is exported through the `metrics` facade.
 
 mod background;
@@ -30,6 +32,7 @@ mod lease;
 pub mod metrics;
 mod retry;
 mod scheduler;
+pub mod shards;
 mod types;
 mod usage;
 
@@ -38,6 +41,7 @@ pub use error::Error;
 pub use fallback::{Fallback, LocalHold};
 pub use lease::{Lease, Reservation, Settled};
 pub use retry::{Backoff, RetryPolicy};
+pub use shards::ShardBook;
 pub use scheduler::{Admitted, FairQueue, Permit, SchedulerConfig, StartScheduler, TenantShare};
 pub use types::{
     CapacityUnit, LogPosition, OperationId, Problem, Receipt, ReservationId, ReservationState,

@@ -18,5 +18,6 @@ mod gateway;
 mod lifecycle;
 mod restart;
 mod scheduler;
+mod shards;
 mod streaming;
 mod unknown;
