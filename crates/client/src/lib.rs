@@ -41,8 +41,8 @@ pub use error::Error;
 pub use fallback::{Fallback, LocalHold};
 pub use lease::{Lease, Reservation, Settled};
 pub use retry::{Backoff, RetryPolicy};
-pub use shards::ShardBook;
 pub use scheduler::{Admitted, FairQueue, Permit, SchedulerConfig, StartScheduler, TenantShare};
+pub use shards::ShardBook;
 pub use types::{
     CapacityUnit, LogPosition, OperationId, Problem, Receipt, ReservationId, ReservationState,
     ReserveRequest, RouteInfo, Settlement, Sizing, SizingReceipt, Usage,

@@ -199,7 +199,9 @@ pub enum ReconcileError {
     UnknownShard(String),
     #[error("{0} local reservations are still open; settle or release them first")]
     OpenReservations(usize),
-    #[error("the ledger could not be reached or answered 503: {0} (retry: the same receipts are sent)")]
+    #[error(
+        "the ledger could not be reached or answered 503: {0} (retry: the same receipts are sent)"
+    )]
     Unavailable(String),
     #[error("the ledger refused the reconcile: {status} {body}")]
     Refused { status: u16, body: String },
@@ -225,13 +227,17 @@ fn system_now_ms() -> u64 {
 impl ShardBook {
     /// A book for this process (`gateway_id`, `boot_epoch`), trusting shards
     /// signed by `public_key_hex` (`GET /v1/shards/public-key`).
-    pub fn new(gateway_id: &str, boot_epoch: u64, public_key_hex: &str) -> Result<Self, ShardRefused> {
+    pub fn new(
+        gateway_id: &str,
+        boot_epoch: u64,
+        public_key_hex: &str,
+    ) -> Result<Self, ShardRefused> {
         let bytes: [u8; 32] = hex::decode(public_key_hex)
             .ok()
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| ShardRefused::BadKey(public_key_hex.to_string()))?;
-        let key = VerifyingKey::from_bytes(&bytes)
-            .map_err(|e| ShardRefused::BadKey(e.to_string()))?;
+        let key =
+            VerifyingKey::from_bytes(&bytes).map_err(|e| ShardRefused::BadKey(e.to_string()))?;
         Ok(ShardBook {
             gateway_id: gateway_id.to_string(),
             boot_epoch,
@@ -326,16 +332,16 @@ impl ShardBook {
         if status != 200 && status != 201 {
             return Err(ReconcileError::Refused { status, body: text });
         }
-        let document: ShardDocument = serde_json::from_str(&text).map_err(|e| {
-            ReconcileError::Refused {
+        let document: ShardDocument =
+            serde_json::from_str(&text).map_err(|e| ReconcileError::Refused {
                 status,
                 body: format!("unreadable shard: {e}"),
-            }
-        })?;
-        self.install(document.clone()).map_err(|e| ReconcileError::Refused {
-            status,
-            body: format!("issued shard not usable: {e}"),
-        })?;
+            })?;
+        self.install(document.clone())
+            .map_err(|e| ReconcileError::Refused {
+                status,
+                body: format!("issued shard not usable: {e}"),
+            })?;
         Ok(document)
     }
 

@@ -35,7 +35,10 @@ async fn public_key(ledger: &Ledger) -> String {
 fn balanced(b: ShardBooks) -> ShardBooks {
     assert_eq!(
         b.allocated_units,
-        b.local_available_units + b.local_reserved_units + b.local_spent_units + b.local_retired_units,
+        b.local_available_units
+            + b.local_reserved_units
+            + b.local_spent_units
+            + b.local_retired_units,
         "{b:?}"
     );
     b
@@ -72,7 +75,11 @@ fn unpooled(base: &str, book: Option<Arc<ShardBook>>, deadline_ms: u64) -> Clien
 async fn ledger_books(ledger: &Ledger) -> (u64, u64, u64) {
     let p = ledger.partition("t", "r").await;
     let u = |k: &str| p[k].as_u64().unwrap();
-    (u("available_units"), u("retired_for_emergency_units"), u("reminted_units"))
+    (
+        u("available_units"),
+        u("retired_for_emergency_units"),
+        u("reminted_units"),
+    )
 }
 
 #[tokio::test]
@@ -89,47 +96,70 @@ async fn a_partitioned_ledger_admits_within_the_shard_and_reconciles_once() {
 
     let client = unpooled(&ledger.base(), Some(book.clone()), 300);
     // Healthy: the ledger admits, the shard is untouched.
-    let r = client.reserve(ReserveRequest::units("t", "r", 50)).await.unwrap();
+    let r = client
+        .reserve(ReserveRequest::units("t", "r", 50))
+        .await
+        .unwrap();
     assert!(!r.is_local());
-    r.start().await.unwrap().finish_with(settlement(50)).await.unwrap();
+    r.start()
+        .await
+        .unwrap()
+        .finish_with(settlement(50))
+        .await
+        .unwrap();
     assert_eq!(ledger_books(&ledger).await, (650, 300, 0));
     let b = balanced(book.books(&shard.shard_id).unwrap());
     assert_eq!(b.local_available_units, 300);
 
     // The ledger dies mid-traffic (SIGKILL): the shard admits, within itself.
     ledger.server.take().unwrap().kill();
-    let settled = client.reserve(ReserveRequest::units("t", "r", 100)).await.unwrap();
+    let settled = client
+        .reserve(ReserveRequest::units("t", "r", 100))
+        .await
+        .unwrap();
     assert!(settled.is_local());
     let lease = settled.start().await.unwrap();
     let b = balanced(book.books(&shard.shard_id).unwrap());
-    assert_eq!((b.local_available_units, b.local_reserved_units), (200, 100));
+    assert_eq!(
+        (b.local_available_units, b.local_reserved_units),
+        (200, 100)
+    );
     lease.finish_with(settlement(60)).await.unwrap();
     let b = balanced(book.books(&shard.shard_id).unwrap());
     assert_eq!((b.local_available_units, b.local_spent_units), (240, 60));
 
-    let released = client.reserve(ReserveRequest::units("t", "r", 40)).await.unwrap();
+    let released = client
+        .reserve(ReserveRequest::units("t", "r", 40))
+        .await
+        .unwrap();
     assert!(released.is_local());
     released.release().await.unwrap();
     balanced(book.books(&shard.shard_id).unwrap());
 
-    let unknown = client.reserve(ReserveRequest::units("t", "r", 100)).await.unwrap();
+    let unknown = client
+        .reserve(ReserveRequest::units("t", "r", 100))
+        .await
+        .unwrap();
     let unknown_id = unknown.id().as_str().to_string();
     let lease = unknown.start().await.unwrap();
     assert!(book.mark_usage_unknown(&unknown_id));
     drop(lease); // its background settle finds nothing left to move
     let b = balanced(book.books(&shard.shard_id).unwrap());
     assert_eq!(
-        (b.local_available_units, b.local_spent_units, b.local_retired_units),
+        (
+            b.local_available_units,
+            b.local_spent_units,
+            b.local_retired_units
+        ),
         (140, 60, 100)
     );
 
     // Beyond the shard: refused, fail closed.
-    let err = client
-        .reserve(ReserveRequest::units("t", "r", 141))
-        .await
-        .err()
-        .expect("refused beyond the shard");
-    assert!(matches!(err, Error::Unavailable(_)), "{err}");
+    let beyond = client.reserve(ReserveRequest::units("t", "r", 141)).await;
+    assert!(
+        matches!(beyond, Err(Error::Unavailable(_))),
+        "refused beyond the shard"
+    );
     balanced(book.books(&shard.shard_id).unwrap());
 
     // The ledger returns (a new process, a new port); the first reconcile's
@@ -139,7 +169,9 @@ async fn a_partitioned_ledger_admits_within_the_shard_and_reconciles_once() {
     let proxy = FaultProxy::start(ledger.addr()).await;
     let prefix = format!("POST /v1/shards/{}/reconcile ", shard.shard_id);
     proxy.drop_answers(&prefix, 1);
-    let lost = book.reconcile(&ledger.http, &proxy.base(), &shard.shard_id).await;
+    let lost = book
+        .reconcile(&ledger.http, &proxy.base(), &shard.shard_id)
+        .await;
     assert!(lost.is_err(), "the answer was dropped: {lost:?}");
     assert_eq!(proxy.dropped(&prefix), 1);
     // The ledger already reminted: 300 − 60 spent − 100 unknown = 140.
@@ -150,7 +182,12 @@ async fn a_partitioned_ledger_admits_within_the_shard_and_reconciles_once() {
         .await
         .unwrap();
     assert_eq!(
-        (outcome.reminted_units, outcome.spent_units, outcome.unknown_units, outcome.created),
+        (
+            outcome.reminted_units,
+            outcome.spent_units,
+            outcome.unknown_units,
+            outcome.created
+        ),
         (140, 60, 100, false)
     );
     assert_eq!(proxy.forwarded(&prefix), 2);
@@ -170,7 +207,11 @@ async fn a_partitioned_ledger_admits_within_the_shard_and_reconciles_once() {
                                "receipts": book.receipts(&shard.shard_id)}),
         )
         .await;
-    assert_eq!((status, dup["reminted_units"].as_u64()), (200, Some(140)), "{dup}");
+    assert_eq!(
+        (status, dup["reminted_units"].as_u64()),
+        (200, Some(140)),
+        "{dup}"
+    );
     assert_eq!(ledger_books(&ledger).await, (790, 300, 140));
 }
 
@@ -219,20 +260,28 @@ async fn a_foreign_restarted_tampered_or_expired_shard_admits_nothing() {
         } else {
             Arc::new(ShardBook::new(gateway, boot, &key).unwrap())
         };
-        assert_eq!(book.install(doc.clone()), Err(refused), "{gateway} {boot} {doc:?}");
+        assert_eq!(
+            book.install(doc.clone()),
+            Err(refused),
+            "{gateway} {boot} {doc:?}"
+        );
     }
 
     // The ledger dies. A restarted gateway (boot epoch 2) holds no shard: it
     // refuses, as does a client with no fallback at all.
     let base = ledger.base();
     ledger.server.take().unwrap().kill();
-    for fallback in [Some(Arc::new(ShardBook::new("gw-1", 2, &key).unwrap())), None] {
-        let err = unpooled(&base, fallback, 200)
+    for fallback in [
+        Some(Arc::new(ShardBook::new("gw-1", 2, &key).unwrap())),
+        None,
+    ] {
+        let refused = unpooled(&base, fallback, 200)
             .reserve(ReserveRequest::units("t", "r", 1))
-            .await
-            .err()
-            .expect("fails closed");
-        assert!(matches!(err, Error::Unavailable(_)), "{err}");
+            .await;
+        assert!(
+            matches!(refused, Err(Error::Unavailable(_))),
+            "fails closed"
+        );
     }
 
     // gw-1 admits only from the second consecutive unreachable reserve on,
@@ -240,9 +289,18 @@ async fn a_foreign_restarted_tampered_or_expired_shard_admits_nothing() {
     let client = unpooled(&base, Some(gw1.clone()), 200);
     let first = client.reserve(ReserveRequest::units("t", "r", 10)).await;
     assert!(matches!(first, Err(Error::Unavailable(_))));
-    let second = client.reserve(ReserveRequest::units("t", "r", 10)).await.unwrap();
+    let second = client
+        .reserve(ReserveRequest::units("t", "r", 10))
+        .await
+        .unwrap();
     assert!(second.is_local());
-    second.start().await.unwrap().finish_with(settlement(10)).await.unwrap();
+    second
+        .start()
+        .await
+        .unwrap()
+        .finish_with(settlement(10))
+        .await
+        .unwrap();
     let b = balanced(gw1.books(&shard.shard_id).unwrap());
     assert_eq!((b.local_available_units, b.local_spent_units), (190, 10));
     now.store(shard.expires_at_ms, Ordering::SeqCst);
@@ -264,6 +322,9 @@ async fn a_foreign_restarted_tampered_or_expired_shard_admits_nothing() {
         .reconcile(&ledger.http, &ledger.base(), &shard.shard_id)
         .await
         .unwrap();
-    assert_eq!((outcome.reminted_units, outcome.spent_units, outcome.created), (190, 10, true));
+    assert_eq!(
+        (outcome.reminted_units, outcome.spent_units, outcome.created),
+        (190, 10, true)
+    );
     assert_eq!(ledger_books(&ledger).await, (990, 200, 190));
 }

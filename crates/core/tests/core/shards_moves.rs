@@ -26,7 +26,13 @@ fn remint(shard: &str, source: &PartitionKey, issued_units: Units, unused_units:
     }
 }
 
-fn reminted(shard: &str, source: &PartitionKey, issued: Units, unused: Units, units: Units) -> EventBody {
+fn reminted(
+    shard: &str,
+    source: &PartitionKey,
+    issued: Units,
+    unused: Units,
+    units: Units,
+) -> EventBody {
     EventBody::ShardReminted {
         shard_id: sid(shard),
         source: source.clone(),
@@ -151,7 +157,12 @@ fn remint_outcomes_must_add_up_and_excess_is_debt() {
     h.ok(outcome(100, 0, 100, 20, 20));
     let l = h.ledger();
     assert_eq!(
-        (l.available_units, l.reminted_units, l.overdraft_issued_units, l.spent_units),
+        (
+            l.available_units,
+            l.reminted_units,
+            l.overdraft_issued_units,
+            l.spent_units
+        ),
         (1_000, 0, 20, 20)
     );
     assert_eq!(l.debt_units(), Some(20));

@@ -132,7 +132,8 @@ impl ShardDocumentView {
 /// A random shard id: `sh-` and 32 hex digits.
 fn random_shard_id() -> Result<ShardId, ApiError> {
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| ApiError::unavailable(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut bytes)
+        .map_err(|e| ApiError::unavailable(format!("no randomness: {e}")))?;
     Ok(ShardId::new(format!("sh-{}", hex::encode(bytes))).expect("hex is a valid id"))
 }
 

@@ -152,7 +152,11 @@ pub struct ShardStatus {
 /// The units a reconcile remints and records, from the shard and the totals
 /// (see the module docs): `(unused, spent, unknown, excess)`. Saturates
 /// nowhere: totals above `u64` are excess too.
-pub fn outcome_units(issued: Units, totals: ReceiptTotals, late: bool) -> (Units, Units, Units, Units) {
+pub fn outcome_units(
+    issued: Units,
+    totals: ReceiptTotals,
+    late: bool,
+) -> (Units, Units, Units, Units) {
     let issued128 = u128::from(issued);
     let accounted = totals.spent_units + totals.unknown_units;
     let clamp = |v: u128| Units::try_from(v).unwrap_or(Units::MAX);

@@ -66,7 +66,12 @@ impl Shard {
             .map(|(k, ps)| (k, &ps.partition))
     }
 
-    fn find_issued(&self, subject: &str, route: &str, id: &ShardId) -> Option<(PartitionKey, IssuedShard)> {
+    fn find_issued(
+        &self,
+        subject: &str,
+        route: &str,
+        id: &ShardId,
+    ) -> Option<(PartitionKey, IssuedShard)> {
         self.partitions_of(subject, Some(route))
             .find_map(|(k, p)| p.shards_issued.get(id).map(|s| (k.clone(), s.clone())))
     }
@@ -220,7 +225,10 @@ impl Shard {
             Ok(events) => events,
             Err(rejection) => return Pending::Ready(Err(self.rejected(&target, rejection))),
         };
-        assert!(!events.is_empty(), "an unreconciled shard decides a ShardReminted");
+        assert!(
+            !events.is_empty(),
+            "an unreconciled shard decides a ShardReminted"
+        );
         self.commit_speculatively(batch, &target, events);
         let record = self.state.partitions[&target].partition.shards_reminted[&id].clone();
         Pending::Ready(Ok(Answer::Reconciled(Box::new(ReconcileOutcome {

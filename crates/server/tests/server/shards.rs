@@ -35,7 +35,8 @@ async fn conserved(s: &TestServer) -> Vec<Value> {
     let parts = s.assert_conserved().await;
     assert_moves_pair(&parts, "t", "r");
     assert!(
-        sum(&parts, "t", "r", "reminted_units") <= sum(&parts, "t", "r", "retired_for_emergency_units"),
+        sum(&parts, "t", "r", "reminted_units")
+            <= sum(&parts, "t", "r", "retired_for_emergency_units"),
         "{parts:?}"
     );
     parts
@@ -55,8 +56,12 @@ fn reconcile_body(shard: &Value, gateway: &str, boot: u64, receipts: Vec<Value>)
 }
 
 async fn reconcile(s: &TestServer, shard: &Value, receipts: Vec<Value>) -> (StatusCode, Value) {
-    let path = format!("/v1/shards/{}/reconcile", shard["shard_id"].as_str().unwrap());
-    s.post(&path, reconcile_body(shard, "gw-1", 7, receipts)).await
+    let path = format!(
+        "/v1/shards/{}/reconcile",
+        shard["shard_id"].as_str().unwrap()
+    );
+    s.post(&path, reconcile_body(shard, "gw-1", 7, receipts))
+        .await
 }
 
 async fn issue(s: &TestServer, id: &str, units: u64) -> Value {
@@ -95,7 +100,11 @@ fn canonical(d: &Value) -> String {
 fn verifies(key_hex: &str, d: &Value) -> bool {
     let key: [u8; 32] = hex_bytes(key_hex).try_into().unwrap();
     let key = VerifyingKey::from_bytes(&key).unwrap();
-    let sig = d["signature"].as_str().unwrap().strip_prefix("ed25519:").unwrap();
+    let sig = d["signature"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("ed25519:")
+        .unwrap();
     let sig: [u8; 64] = hex_bytes(sig).try_into().unwrap();
     key.verify(canonical(d).as_bytes(), &Signature::from_bytes(&sig))
         .is_ok()
@@ -113,7 +122,10 @@ async fn issue_moves_available_to_retired_and_signs_the_document() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
-    assert_eq!(s.publish(&shard_policy(1, 1_000), "e").await.0, StatusCode::CREATED);
+    assert_eq!(
+        s.publish(&shard_policy(1, 1_000), "e").await.0,
+        StatusCode::CREATED
+    );
 
     let doc = issue(&s, "sh-1", 300).await;
     assert_eq!(doc["schema"], "emergencyShard.v1");
@@ -122,11 +134,20 @@ async fn issue_moves_available_to_retired_and_signs_the_document() {
     assert_eq!(doc["gateway_boot_epoch"], 7);
     assert_eq!(doc["issued_at_ms"], T0, "writer time");
     assert_eq!(doc["expires_at_ms"], T0 + 60_000);
-    assert!(doc["fence_epoch"].as_u64().unwrap() >= 1, "the claim epoch: {doc}");
+    assert!(
+        doc["fence_epoch"].as_u64().unwrap() >= 1,
+        "the claim epoch: {doc}"
+    );
     assert_eq!(doc["partition_key"]["policy_generation"], 1);
     let parts = conserved(&s).await;
     let g1 = generation(&parts, 1);
-    assert_eq!((g1["available_units"].as_u64(), g1["retired_for_emergency_units"].as_u64()), (Some(700), Some(300)));
+    assert_eq!(
+        (
+            g1["available_units"].as_u64(),
+            g1["retired_for_emergency_units"].as_u64()
+        ),
+        (Some(700), Some(300))
+    );
     assert_eq!(g1["shards_issued"], 1);
 
     // The public key verifies it offline; the key file is owner-only.
@@ -143,7 +164,9 @@ async fn issue_moves_available_to_retired_and_signs_the_document() {
 
     // A retry with the same id and fields: the same document, nothing moves.
     clock.advance(5);
-    let (status, again) = s.post("/v1/shards", issue_body("sh-1", 300, "gw-1", 7)).await;
+    let (status, again) = s
+        .post("/v1/shards", issue_body("sh-1", 300, "gw-1", 7))
+        .await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again, doc);
     #[rustfmt::skip]
@@ -169,14 +192,24 @@ async fn issue_moves_available_to_retired_and_signs_the_document() {
     ];
     for (body, status, problem) in table {
         let (got, answer) = s.post("/v1/shards", body.clone()).await;
-        assert_eq!((got, problem_type(&answer)), (status, problem), "{body} -> {answer}");
+        assert_eq!(
+            (got, problem_type(&answer)),
+            (status, problem),
+            "{body} -> {answer}"
+        );
     }
     // A second shard of the partition takes the next units, never the same ones.
     let other = issue(&s, "sh-2", 700).await;
     assert_ne!(other["shard_id"], doc["shard_id"]);
     let parts = conserved(&s).await;
     let g1 = generation(&parts, 1);
-    assert_eq!((g1["available_units"].as_u64(), g1["retired_for_emergency_units"].as_u64()), (Some(0), Some(1_000)));
+    assert_eq!(
+        (
+            g1["available_units"].as_u64(),
+            g1["retired_for_emergency_units"].as_u64()
+        ),
+        (Some(0), Some(1_000))
+    );
 
     // Without emergency mode, no shard.
     let mut off = policy("t", "plain", 1, 1_000, 0);
@@ -185,7 +218,10 @@ async fn issue_moves_available_to_retired_and_signs_the_document() {
     let mut body = issue_body("sh-3", 1, "gw-1", 7);
     body["route"] = json!("plain");
     let (status, answer) = s.post("/v1/shards", body).await;
-    assert_eq!((status, problem_type(&answer)), (StatusCode::CONFLICT, "emergency_disabled"));
+    assert_eq!(
+        (status, problem_type(&answer)),
+        (StatusCode::CONFLICT, "emergency_disabled")
+    );
     conserved(&s).await;
 }
 
@@ -221,7 +257,11 @@ async fn a_tampered_or_foreign_shard_is_refused() {
     for (shard, gateway, boot, status, problem) in table {
         let body = reconcile_body(&shard, gateway, boot, vec![]);
         let (got, answer) = s.post(path, body).await;
-        assert_eq!((got, problem_type(&answer)), (status, problem), "{shard} -> {answer}");
+        assert_eq!(
+            (got, problem_type(&answer)),
+            (status, problem),
+            "{shard} -> {answer}"
+        );
     }
     // Nothing was reminted by any of them.
     let parts = conserved(&s).await;
@@ -238,12 +278,27 @@ async fn a_tampered_or_foreign_shard_is_refused() {
     ];
     for (receipts, problem) in bad {
         let (got, answer) = reconcile(&s, &doc, receipts.clone()).await;
-        assert_eq!((got, problem_type(&answer)), (StatusCode::UNPROCESSABLE_ENTITY, problem), "{receipts:?}");
+        assert_eq!(
+            (got, problem_type(&answer)),
+            (StatusCode::UNPROCESSABLE_ENTITY, problem),
+            "{receipts:?}"
+        );
     }
-    let (got, answer) = s.post("/v1/shards/sh-9/reconcile", reconcile_body(&doc, "gw-1", 7, vec![])).await;
-    assert_eq!((got, problem_type(&answer)), (StatusCode::UNPROCESSABLE_ENTITY, "shard_id_mismatch"));
+    let (got, answer) = s
+        .post(
+            "/v1/shards/sh-9/reconcile",
+            reconcile_body(&doc, "gw-1", 7, vec![]),
+        )
+        .await;
+    assert_eq!(
+        (got, problem_type(&answer)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "shard_id_mismatch")
+    );
     let (got, answer) = s.post(path, json!({"shard": 1})).await;
-    assert_eq!((got, problem_type(&answer)), (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"));
+    assert_eq!(
+        (got, problem_type(&answer)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request")
+    );
     let parts = conserved(&s).await;
     assert_eq!(sum(&parts, "t", "r", "reminted_units"), 0);
 }
@@ -284,7 +339,10 @@ async fn reconcile_remints_the_unused_units_once() {
     assert_eq!(generation(&parts, 1)["available_units"], 850);
     // Other receipts for a reconciled shard are refused, not reminted.
     let (status, answer) = reconcile(&s, &doc, vec![receipt("l-1", "SETTLED", 10)]).await;
-    assert_eq!((status, problem_type(&answer)), (StatusCode::CONFLICT, "exists_with_different_fields"));
+    assert_eq!(
+        (status, problem_type(&answer)),
+        (StatusCode::CONFLICT, "exists_with_different_fields")
+    );
     let parts = conserved(&s).await;
     assert_eq!(generation(&parts, 1)["available_units"], 850);
 
@@ -306,7 +364,10 @@ async fn reconcile_remints_into_the_active_generation_once_across_switches() {
     assert_eq!(list["shards"][0]["state"], "outstanding");
     assert_eq!(list["outstanding_units"], 400);
     // A new generation takes the 600 still available; the shard stays out.
-    assert_eq!(s.publish(&shard_policy(2, 1_000), "e").await.0, StatusCode::CREATED);
+    assert_eq!(
+        s.publish(&shard_policy(2, 1_000), "e").await.0,
+        StatusCode::CREATED
+    );
     let parts = conserved(&s).await;
     let before = sum(&parts, "t", "r", "available_units");
     assert_eq!(before, 600);
@@ -314,7 +375,10 @@ async fn reconcile_remints_into_the_active_generation_once_across_switches() {
     let (status, r) = reconcile(&s, &doc, vec![receipt("l-1", "SETTLED", 150)]).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
     assert_eq!(r["reminted_units"], 250);
-    assert_eq!(r["target"]["policy_generation"], 2, "into the active generation");
+    assert_eq!(
+        r["target"]["policy_generation"], 2,
+        "into the active generation"
+    );
     assert_eq!(r["source"]["policy_generation"], 1);
     let parts = conserved(&s).await;
     assert_eq!(generation(&parts, 2)["reminted_units"], 250);
@@ -323,11 +387,17 @@ async fn reconcile_remints_into_the_active_generation_once_across_switches() {
     assert_eq!(sum(&parts, "t", "r", "available_units"), before + 250);
 
     // Another switch, then the same reconcile: found in generation 2, nothing more.
-    assert_eq!(s.publish(&shard_policy(3, 1_000), "e").await.0, StatusCode::CREATED);
+    assert_eq!(
+        s.publish(&shard_policy(3, 1_000), "e").await.0,
+        StatusCode::CREATED
+    );
     let before = sum(&conserved(&s).await, "t", "r", "available_units");
     let (status, again) = reconcile(&s, &doc, vec![receipt("l-1", "SETTLED", 150)]).await;
     assert_eq!(status, StatusCode::OK, "{again}");
-    assert_eq!((again["reminted_units"].as_u64(), again["created"].as_bool()), (Some(250), Some(false)));
+    assert_eq!(
+        (again["reminted_units"].as_u64(), again["created"].as_bool()),
+        (Some(250), Some(false))
+    );
     assert_eq!(again["target"]["policy_generation"], 2);
     let parts = conserved(&s).await;
     assert_eq!(sum(&parts, "t", "r", "available_units"), before);
@@ -344,15 +414,39 @@ async fn spend_above_the_allocation_is_debt_and_late_reconciles_remint_nothing()
     let late = issue(&s, "sh-late", 200).await;
 
     // 350 reported on a 300 shard: nothing reminted, the 50 beyond is debt.
-    let (status, r) = reconcile(&s, &over, vec![receipt("l-1", "SETTLED", 250), receipt("l-2", "USAGE_UNKNOWN", 100)]).await;
+    let (status, r) = reconcile(
+        &s,
+        &over,
+        vec![
+            receipt("l-1", "SETTLED", 250),
+            receipt("l-2", "USAGE_UNKNOWN", 100),
+        ],
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
-    assert_eq!((r["outcome"].as_str(), r["reminted_units"].as_u64(), r["excess_units"].as_u64()), (Some("overspent"), Some(0), Some(50)));
+    assert_eq!(
+        (
+            r["outcome"].as_str(),
+            r["reminted_units"].as_u64(),
+            r["excess_units"].as_u64()
+        ),
+        (Some("overspent"), Some(0), Some(50))
+    );
     let parts = conserved(&s).await;
     let g1 = generation(&parts, 1);
-    assert_eq!((g1["debt_units"].as_u64(), g1["overdraft_issued_units"].as_u64()), (Some(50), Some(50)));
+    assert_eq!(
+        (
+            g1["debt_units"].as_u64(),
+            g1["overdraft_issued_units"].as_u64()
+        ),
+        (Some(50), Some(50))
+    );
     // Debt freezes admission.
     let (status, answer) = s.reserve("after-debt", "t", "r", 1).await;
-    assert_eq!((status, problem_type(&answer)), (StatusCode::TOO_MANY_REQUESTS, "debt_outstanding"));
+    assert_eq!(
+        (status, problem_type(&answer)),
+        (StatusCode::TOO_MANY_REQUESTS, "debt_outstanding")
+    );
     conserved(&s).await;
 
     // Past expiry plus the grace (1 h by default): the receipts may be
@@ -360,7 +454,15 @@ async fn spend_above_the_allocation_is_debt_and_late_reconciles_remint_nothing()
     clock.advance(60_000 + 3_600_000 + 1);
     let (status, r) = reconcile(&s, &late, vec![receipt("l-9", "SETTLED", 20)]).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
-    assert_eq!((r["outcome"].as_str(), r["reminted_units"].as_u64(), r["spent_units"].as_u64(), r["retired_units"].as_u64()), (Some("retired"), Some(0), Some(20), Some(200)));
+    assert_eq!(
+        (
+            r["outcome"].as_str(),
+            r["reminted_units"].as_u64(),
+            r["spent_units"].as_u64(),
+            r["retired_units"].as_u64()
+        ),
+        (Some("retired"), Some(0), Some(20), Some(200))
+    );
     let parts = conserved(&s).await;
     assert_eq!(sum(&parts, "t", "r", "reminted_units"), 0);
 }
@@ -383,23 +485,39 @@ async fn shards_outlive_a_restart_with_the_same_key_and_show_in_metrics() {
         }
     })
     .await;
-    assert!(metrics.contains("reservoir_shards_unreconciled"), "{metrics}");
-    assert!(metrics.contains("reservoir_shard_oldest_unreconciled_age_seconds"), "{metrics}");
+    assert!(
+        metrics.contains("reservoir_shards_unreconciled"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("reservoir_shard_oldest_unreconciled_age_seconds"),
+        "{metrics}"
+    );
     let (_, list) = s.get("/v1/shards?subject=t").await;
     assert_eq!(list["outstanding_units"], 300);
     s.stop().await;
 
     let s = TestServer::embedded_in(dir.path()).await;
-    assert_eq!(s.get("/v1/shards/public-key").await.1, key, "the key is generated once");
+    assert_eq!(
+        s.get("/v1/shards/public-key").await.1,
+        key,
+        "the key is generated once"
+    );
     let (_, list) = s.get("/v1/shards?subject=t").await;
-    assert_eq!(list["shards"][0]["shard"], doc, "the document comes back from the log");
+    assert_eq!(
+        list["shards"][0]["shard"], doc,
+        "the document comes back from the log"
+    );
     let (status, r) = reconcile(&s, &doc, vec![]).await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
     assert_eq!(r["reminted_units"], 300);
     let parts = conserved(&s).await;
     assert_eq!(generation(&parts, 1)["available_units"], 1_000);
     let (status, answer) = s.get("/v1/shards").await;
-    assert_eq!((status, problem_type(&answer)), (StatusCode::BAD_REQUEST, "invalid_query"));
+    assert_eq!(
+        (status, problem_type(&answer)),
+        (StatusCode::BAD_REQUEST, "invalid_query")
+    );
 }
 
 #[test]
