@@ -641,6 +641,7 @@ pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
 async fn openapi_json() -> impl IntoResponse {
     let mut doc = ApiDoc::openapi();
     doc.merge(crate::queries::QueriesDoc::openapi());
+    doc.merge(crate::shards::http::ShardsDoc::openapi());
     Json(doc)
 }
 

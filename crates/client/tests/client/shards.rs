@@ -328,3 +328,93 @@ async fn a_foreign_restarted_tampered_or_expired_shard_admits_nothing() {
     );
     assert_eq!(ledger_books(&ledger).await, (990, 200, 190));
 }
+
+/// The seed's "central-ledger partition mid-traffic": workers run reserve →
+/// start → settle while the ledger is SIGKILLed under them. Calls the ledger
+/// held are its business (conservation holds there whatever they reached);
+/// every call the shard admitted is in its books, which balance throughout,
+/// the shard never admits beyond its allocation, and the reconcile remints
+/// exactly what the local calls did not spend.
+#[tokio::test]
+async fn a_partition_mid_traffic_spends_only_the_shard() {
+    const WORKERS: usize = 4;
+    const CYCLES: usize = 20;
+    let mut ledger = Ledger::start().await;
+    ledger.publish(shard_policy(100_000), None).await;
+    let book = Arc::new(ShardBook::new("gw-1", 1, &public_key(&ledger).await).unwrap());
+    let shard = book
+        .issue(&ledger.http, &ledger.base(), "t", "r", 1_000, 600_000)
+        .await
+        .unwrap();
+    let client = unpooled(&ledger.base(), Some(book.clone()), 300);
+    let started = Arc::new((AtomicU64::new(0), tokio::sync::Notify::new()));
+    let mut workers = Vec::new();
+    for _ in 0..WORKERS {
+        let (client, started) = (client.clone(), started.clone());
+        workers.push(tokio::spawn(async move {
+            // (local units spent, local calls refused beyond the shard)
+            let (mut local_spent, mut refused) = (0u64, 0u64);
+            for _ in 0..CYCLES {
+                let reserved = client.reserve(ReserveRequest::units("t", "r", 50)).await;
+                started.0.fetch_add(1, Ordering::SeqCst);
+                started.1.notify_waiters();
+                let r = match reserved {
+                    Ok(r) => r,
+                    Err(Error::Unavailable(_)) => {
+                        refused += 1;
+                        continue;
+                    }
+                    // The kill landed after the request was written.
+                    Err(Error::ReservationUnknown { .. }) => continue,
+                    Err(e) => panic!("{e}"),
+                };
+                let local = r.is_local();
+                let Ok(lease) = r.start().await else {
+                    continue; // a ledger hold whose start the kill cut off
+                };
+                if lease.finish_with(settlement(40)).await.is_ok() && local {
+                    local_spent += 40;
+                }
+            }
+            (local_spent, refused)
+        }));
+    }
+    // Kill once the traffic is under way.
+    while started.0.load(Ordering::SeqCst) < (WORKERS * 2) as u64 {
+        let notified = started.1.notified();
+        if started.0.load(Ordering::SeqCst) >= (WORKERS * 2) as u64 {
+            break;
+        }
+        notified.await;
+    }
+    ledger.server.take().unwrap().kill();
+    let (mut local_spent, mut refused) = (0, 0);
+    for w in workers {
+        let (spent, r) = w.await.unwrap();
+        local_spent += spent;
+        refused += r;
+    }
+    // The kill comes after 8 of the 80 calls; nearly all the rest ask the
+    // shard, which holds 24 calls of 40 (a 25th is refused: 40 left < 50).
+    assert!(local_spent > 0, "the shard admitted");
+    assert!(refused > 0, "and refused beyond itself");
+    let b = balanced(book.books(&shard.shard_id).unwrap());
+    assert_eq!(b.local_spent_units, local_spent);
+    assert_eq!(b.local_reserved_units, 0);
+    assert!(b.local_spent_units <= 1_000);
+
+    ledger.server = Some(ServerProcess::spawn(ledger.dir.path()).await);
+    let before = ledger_books(&ledger).await;
+    let outcome = book
+        .reconcile(&ledger.http, &ledger.base(), &shard.shard_id)
+        .await
+        .unwrap();
+    assert_eq!(outcome.spent_units, local_spent);
+    assert_eq!(outcome.reminted_units, 1_000 - local_spent);
+    let after = ledger_books(&ledger).await;
+    assert_eq!(after.2, before.2 + 1_000 - local_spent, "reminted once");
+    assert_eq!(
+        after.1, 1_000,
+        "the shard's units stay retired at the source"
+    );
+}

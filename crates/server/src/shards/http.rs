@@ -13,6 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use reservoir_core::{PartitionKey, ReservationId, ShardId};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::signing::BadSignature;
 use super::{
@@ -20,7 +21,7 @@ use super::{
     MAX_SHARD_TTL_MS, SHARD_SCHEMA,
 };
 use crate::api::{ApiJson, AppState};
-use crate::problem::ApiError;
+use crate::problem::{ApiError, Problem};
 use crate::views::PartitionKeyView;
 use crate::writer::shards::{IssueShard, ReconcileShard};
 use crate::writer::{Answer, Request};
@@ -45,7 +46,7 @@ fn unexpected(answer: Answer) -> ApiError {
 }
 
 /// `POST /v1/shards`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IssueShardBody {
     pub subject: String,
@@ -63,7 +64,7 @@ pub struct IssueShardBody {
 
 /// `emergencyShard.v1`: what a gateway keeps and presents back. The signature
 /// covers every other field (the canonical bytes are in [`ShardDocument::canonical`]).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShardDocumentView {
     pub schema: String,
@@ -137,6 +138,15 @@ fn random_shard_id() -> Result<ShardId, ApiError> {
     Ok(ShardId::new(format!("sh-{}", hex::encode(bytes))).expect("hex is a valid id"))
 }
 
+#[utoipa::path(post, path = "/v1/shards", request_body = IssueShardBody,
+    responses(
+        (status = 201, description = "Issued", body = ShardDocumentView),
+        (status = 200, description = "A retry with the same shard_id and fields: the same document", body = ShardDocumentView),
+        (status = 404, description = "No policy for the subject and route", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Emergency mode disabled, generation closed, or the shard_id names another shard", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid input", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Not enough available capacity, or debt outstanding", body = Problem, content_type = "application/problem+json"),
+    ))]
 /// Issue a shard: `units` leave the active partition's `available` for
 /// `retiredForEmergency`, signed and bound to the gateway (201; a retry with
 /// the same `shard_id` and fields: 200 and the same document).
@@ -185,7 +195,7 @@ pub async fn issue(
 }
 
 /// The public key shards are signed with.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct PublicKeyView {
     pub algorithm: String,
     /// Hex of the 32-byte ed25519 public key.
@@ -194,6 +204,9 @@ pub struct PublicKeyView {
     pub signature_prefix: String,
 }
 
+/// The ed25519 key shards are signed with, for offline verification.
+#[utoipa::path(get, path = "/v1/shards/public-key",
+    responses((status = 200, body = PublicKeyView)))]
 pub async fn public_key(State(state): State<AppState>) -> Result<Response, ApiError> {
     let settings = state.shards()?;
     Ok(Json(PublicKeyView {
@@ -205,7 +218,7 @@ pub async fn public_key(State(state): State<AppState>) -> Result<Response, ApiEr
 }
 
 /// The terminal state of one local reservation on a shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ReceiptState {
     Settled,
@@ -214,7 +227,7 @@ pub enum ReceiptState {
     UsageUnknown,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReceiptBody {
     pub reservation_id: String,
@@ -225,7 +238,7 @@ pub struct ReceiptBody {
 }
 
 /// `POST /v1/shards/{id}/reconcile`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReconcileBody {
     pub shard: ShardDocumentView,
@@ -276,7 +289,7 @@ fn totals(receipts: &[ReceiptBody]) -> Result<ReceiptTotals, ApiError> {
 }
 
 /// What a reconcile recorded.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct ReconcileView {
     pub shard_id: String,
     pub source: PartitionKeyView,
@@ -314,6 +327,14 @@ impl From<&ReconcileOutcome> for ReconcileView {
     }
 }
 
+#[utoipa::path(post, path = "/v1/shards/{id}/reconcile", request_body = ReconcileBody,
+    params(("id" = String, Path)),
+    responses(
+        (status = 201, description = "Reconciled: spend recorded, unused units reminted", body = ReconcileView),
+        (status = 200, description = "Reconciled before: the recorded outcome, nothing reminted now", body = ReconcileView),
+        (status = 409, description = "Bound to another gateway or boot epoch, or reconciled before with other receipts", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Signature does not verify, unknown shard, or invalid receipts", body = Problem, content_type = "application/problem+json"),
+    ))]
 /// Reconcile a shard with the gateway's terminal receipts: the spend is
 /// recorded, the confirmed-unused units are reminted into the active
 /// partition once (201); a repeat with the same receipts remints nothing
@@ -373,7 +394,8 @@ pub async fn reconcile(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListParams {
     pub subject: String,
@@ -382,7 +404,7 @@ pub struct ListParams {
 }
 
 /// One shard in `GET /v1/shards`.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct ShardStatusView {
     pub shard: ShardDocumentView,
     /// `outstanding`, `expired` (past its expiry, not reconciled) or `reconciled`.
@@ -392,7 +414,7 @@ pub struct ShardStatusView {
     pub reconcile: Option<ReconcileView>,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 pub struct ShardList {
     pub shards: Vec<ShardStatusView>,
     /// Units on shards not yet reconciled.
@@ -422,6 +444,11 @@ fn status_view(s: &ShardStatus, now_ms: u64) -> ShardStatusView {
     }
 }
 
+#[utoipa::path(get, path = "/v1/shards", params(ListParams),
+    responses(
+        (status = 200, body = ShardList),
+        (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
+    ))]
 /// The shards of a subject (every writer shard is asked: a subject's routes
 /// may live in any of them).
 pub async fn list(
@@ -461,3 +488,20 @@ pub async fn list(
     })
     .into_response())
 }
+
+#[derive(OpenApi)]
+#[openapi(
+    paths(issue, list, public_key, reconcile),
+    components(schemas(
+        IssueShardBody,
+        ShardDocumentView,
+        PublicKeyView,
+        ReceiptState,
+        ReceiptBody,
+        ReconcileBody,
+        ReconcileView,
+        ShardStatusView,
+        ShardList
+    ))
+)]
+pub struct ShardsDoc;

@@ -14,7 +14,7 @@ use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use reqwest::StatusCode;
 use reservoir_core::{EmergencyMode, Policy};
 use reservoir_server::clock::ManualClock;
-use reservoir_server::shards::{outcome_units, ReceiptTotals};
+use reservoir_server::shards::{outcome_units, ReceiptTotals, ShardSigner};
 use serde_json::{json, Value};
 
 use crate::generations::{assert_moves_pair, sum};
@@ -540,4 +540,31 @@ fn reconcile_outcomes_as_a_table() {
     for (issued, spent, unknown, late, want) in table {
         assert_eq!(outcome_units(issued, t(spent, unknown), late), want);
     }
+}
+
+#[test]
+fn the_signing_key_is_made_once_and_refused_when_others_can_read_it() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let first = ShardSigner::load_or_create(dir.path(), None).unwrap();
+    let again = ShardSigner::load_or_create(dir.path(), None).unwrap();
+    assert_eq!(first.public_key_hex(), again.public_key_hex());
+    let path = dir.path().join("shard-signing.key");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let err = ShardSigner::load_or_create(dir.path(), None).unwrap_err();
+    assert!(err.contains("readable by group or others"), "{err}");
+    // A configured key is read, never generated; it must be 32 hex bytes.
+    let missing = dir.path().join("missing.key");
+    assert!(ShardSigner::load_or_create(dir.path(), Some(&missing)).is_err());
+    assert!(!missing.exists());
+    let bad = dir.path().join("bad.key");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&bad)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"not hex"))
+        .unwrap();
+    let err = ShardSigner::load_or_create(dir.path(), Some(&bad)).unwrap_err();
+    assert!(err.contains("not hex"), "{err}");
 }
