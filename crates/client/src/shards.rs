@@ -558,3 +558,83 @@ impl LocalHold for ShardHold {
         self.finish("RELEASED", 0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::{Signer, SigningKey};
+
+    fn signed(key: &SigningKey, units: u64) -> ShardDocument {
+        let mut d = ShardDocument {
+            schema: "emergencyShard.v1".into(),
+            shard_id: "sh-1".into(),
+            partition_key: ShardPartitionKey {
+                subject: "t".into(),
+                route: "r".into(),
+                accounting_epoch: "e".into(),
+                policy_generation: 1,
+            },
+            units,
+            gateway_id: "gw".into(),
+            gateway_boot_epoch: 1,
+            fence_epoch: 1,
+            issued_at_ms: 1_000,
+            expires_at_ms: 2_000,
+            signature: String::new(),
+        };
+        let sig = key.sign(d.canonical().as_bytes());
+        d.signature = format!("ed25519:{}", hex::encode(sig.to_bytes()));
+        d
+    }
+
+    /// Use above a hold is reported in full (the ledger records it as debt)
+    /// but never enters the shard's equation; an unknown call's hold stays
+    /// retired; the receipts say what each call did.
+    #[test]
+    fn local_books_through_settle_above_the_hold_and_unknown_usage() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let book = ShardBook::new("gw", 1, &hex::encode(key.verifying_key().to_bytes()))
+            .unwrap()
+            .with_clock(Arc::new(|| 1_500));
+        book.install(signed(&key, 100)).unwrap();
+        let request = ReserveRequest::units("t", "r", 40);
+        let a = book
+            .reserve(&ReservationId::new("a").unwrap(), &request, None)
+            .unwrap();
+        let b = book
+            .reserve(&ReservationId::new("b").unwrap(), &request, None)
+            .unwrap();
+        assert!(book
+            .reserve(&ReservationId::new("c").unwrap(), &request, None)
+            .is_none());
+        a.settle(&Settlement {
+            actual_units: 55,
+            operation_id: None,
+            usage: None,
+        });
+        a.release(); // already finished: nothing moves
+        assert!(book.mark_usage_unknown("b"));
+        b.release(); // likewise
+        let books = book.books("sh-1").unwrap();
+        #[rustfmt::skip]
+        assert_eq!(books, ShardBooks { allocated_units: 100, local_available_units: 20, local_reserved_units: 0,
+            local_spent_units: 40, local_retired_units: 40, overspent_units: 15 });
+        let receipts: Vec<(String, String, u64)> = book
+            .receipts("sh-1")
+            .into_iter()
+            .map(|r| (r.reservation_id, r.state, r.used_units))
+            .collect();
+        assert_eq!(
+            receipts,
+            [
+                ("a".to_string(), "SETTLED".to_string(), 55),
+                ("b".to_string(), "USAGE_UNKNOWN".to_string(), 40)
+            ]
+        );
+        // A sized request with no bound on its output is not admitted offline.
+        let unbounded = ReserveRequest::tokens("t", "r", 5, None);
+        assert!(book
+            .reserve(&ReservationId::new("d").unwrap(), &unbounded, None)
+            .is_none());
+    }
+}
