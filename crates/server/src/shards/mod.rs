@@ -7,7 +7,7 @@
 //! - [`signing`]: the ed25519 key (configured, or generated once into the data
 //!   directory with mode 0600), signing and verification.
 //! - [`http`]: `POST /v1/shards`, `GET /v1/shards`, `GET /v1/shards/public-key`,
-//!   `POST /v1/shards/{id}/reconcile`.
+//!   `POST /v1/shards/{id}/reconcile`; [`bodies`]: what they read and answer.
 //! - the writer's side (issue, reconcile, list against partition state) is
 //!   `crate::writer::shards`.
 //!
@@ -29,6 +29,7 @@
 //! repeat with the same totals answers the recorded outcome and remints 0; one
 //! with other totals is refused.
 
+pub mod bodies;
 pub mod http;
 pub mod signing;
 
