@@ -54,7 +54,7 @@ def reservoir_bin() -> Path:
 class Server:
     """A running ``reservoir serve`` child process."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *extra_args: str) -> None:
         self.stderr_lines: list[str] = []
         self.proc = subprocess.Popen(
             [
@@ -70,6 +70,7 @@ class Server:
                 "100",
                 "--data-dir",
                 str(data_dir),
+                *extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -164,6 +165,7 @@ def publish(
     max_reservation: int | None = None,
     estimator: dict[str, Any] | None = None,
     three_dimensions: bool = False,
+    token: str | None = None,
 ) -> None:
     """Publishes generation 1 of a token policy, opening full; with
     ``three_dimensions``, 1,000 requests (the primary dimension) plus ``burst``
@@ -202,24 +204,28 @@ def publish(
     body: dict[str, Any] = {"accounting_epoch": "e", "policy": policy}
     if estimator is not None:
         body["estimator"] = estimator
-    r = httpx.post(f"{base}/v1/policies", json=body)
+    r = httpx.post(f"{base}/v1/policies", json=body, headers=_bearer(token))
     assert r.status_code == 201, r.text
 
 
-def partitions(base: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{base}/v1/partitions")
+def _bearer(token: str | None) -> dict[str, str]:
+    return {} if token is None else {"authorization": f"Bearer {token}"}
+
+
+def partitions(base: str, token: str | None = None) -> list[dict[str, Any]]:
+    r = httpx.get(f"{base}/v1/partitions", headers=_bearer(token))
     assert r.status_code == 200, r.text
     body = r.json()
     assert isinstance(body, list)
     return body
 
 
-def assert_conserved(base: str, subject: str) -> dict[str, Any]:
+def assert_conserved(base: str, subject: str, token: str | None = None) -> dict[str, Any]:
     """Conservation on every partition of the server, recomputed here from
     the terms (not trusting the server's own verdict alone); returns the one
     partition of ``subject`` (each test publishes one route per subject)."""
     mine = []
-    for partition in partitions(base):
+    for partition in partitions(base, token):
         for p in [partition, *partition.get("dimensions", [])]:
             _check_terms(p)
         if partition["subject"] == subject:

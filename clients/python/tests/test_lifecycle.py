@@ -1,6 +1,7 @@
 """reserve → start → settle / release against the real server, through both
 clients: typed receipts, sized reserves, idempotent repeats with one debit,
-problem+json answers as exceptions, the bearer token on the wire, and the
+problem+json answers as exceptions, the bearer token on the wire (checked by
+the server in ``test_auth``), and the
 route-default ``max_tokens`` helper."""
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def test_the_sync_client_does_the_same_steps(base: str, subject: str, route: str
     assert p["spent_units"] == 2_500 and p["reserved_units"] == 0
 
 
-async def test_the_bearer_token_is_sent_and_ignored_by_todays_server(base: str, subject: str, route: str) -> None:
+async def test_the_bearer_token_is_sent_on_every_request(base: str, subject: str, route: str) -> None:
     seen: list[str | None] = []
 
     class Spy(httpx.AsyncBaseTransport):

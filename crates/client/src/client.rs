@@ -29,9 +29,18 @@ pub struct ClientBuilder {
     retry: RetryPolicy,
     http: Option<reqwest::Client>,
     fallback: Option<Arc<dyn Fallback>>,
+    token: Option<String>,
 }
 
 impl ClientBuilder {
+    /// The bearer token sent on every request (`reservoir token create
+    /// --scope gateway --subject ...`); the ledger answers 401 without one
+    /// when it authenticates.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
@@ -58,6 +67,7 @@ impl ClientBuilder {
                 routes: Mutex::new(HashMap::new()),
                 background: Arc::default(),
                 fallback: self.fallback,
+                token: self.token,
             }),
         }
     }
@@ -76,6 +86,7 @@ pub(crate) struct Inner {
     routes: Mutex<HashMap<(String, String), RouteInfo>>,
     pub(crate) background: Arc<Background>,
     fallback: Option<Arc<dyn Fallback>>,
+    pub(crate) token: Option<String>,
 }
 
 impl Client {
@@ -85,6 +96,7 @@ impl Client {
             retry: RetryPolicy::default(),
             http: None,
             fallback: None,
+            token: None,
         }
     }
 

@@ -41,6 +41,9 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
+        if let Some(token) = &self.inner.token {
+            request = request.bearer_auth(token);
+        }
         let response = match request.send().await {
             Ok(r) => r,
             Err(e) => {

@@ -8,7 +8,9 @@
 //!   never debit twice; a reserve left unanswered is
 //!   [`Error::ReservationUnknown`] until [`Client::resolve`] asks again with
 //!   the same id. [`Client::inject_max_tokens`] puts the route's default
-//!   `max_tokens` into requests that set none.
+//!   `max_tokens` into requests that set none. [`ClientBuilder::token`] is
+//!   the bearer token sent on every request; the ledger's 401 and 403 are
+//!   [`Error::Rejected`], never retried.
 //! - [`Reservation`] (RESERVED) and [`Lease`] (STARTED): the streaming guard.
 //!   The lease keeps a running count ([`UsageMeter`]) of Anthropic- or
 //!   OpenAI-style stream usage and settles on finish, or — cancelled, failed,

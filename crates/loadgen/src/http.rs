@@ -44,6 +44,19 @@ pub fn authority_of(url: &str) -> Result<String, String> {
     })
 }
 
+/// `Authorization` for every request, from `RESERVOIR_TOKEN` (read once): a
+/// Reservoir that authenticates (`scripts/bench-http`'s `reservoir-auth`).
+fn authorization() -> Option<&'static hyper::header::HeaderValue> {
+    static VALUE: std::sync::OnceLock<Option<hyper::header::HeaderValue>> =
+        std::sync::OnceLock::new();
+    VALUE
+        .get_or_init(|| {
+            let token = std::env::var("RESERVOIR_TOKEN").ok()?;
+            hyper::header::HeaderValue::from_str(&format!("Bearer {}", token.trim())).ok()
+        })
+        .as_ref()
+}
+
 /// One keep-alive connection to one server.
 pub struct HttpConn {
     authority: String,
@@ -103,6 +116,9 @@ impl HttpConn {
             .header(HOST, authority);
         if body.is_some() {
             req = req.header(CONTENT_TYPE, "application/json");
+        }
+        if let Some(value) = authorization() {
+            req = req.header(hyper::header::AUTHORIZATION, value);
         }
         let req = req
             .body(Full::new(body.unwrap_or_default()))

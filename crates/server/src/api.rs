@@ -7,6 +7,8 @@
 //! Bodies are read by [`ApiJson`], which turns every way a body can be wrong into
 //! a problem+json answer (see [`crate::problem`] for the status table).
 
+use std::sync::Arc;
+
 use axum::extract::rejection::PathRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -19,31 +21,50 @@ use sha2::{Digest, Sha256};
 use utoipa::{OpenApi, ToSchema};
 
 pub use crate::app::AppState;
+use crate::auth::{self, authenticate, require, Auth, Principal, GATEWAY, OPERATOR, SUBJECT_READ};
 use crate::problem::{ApiError, Problem};
 use crate::sizing::EstimatorBody;
 pub use crate::views::PartitionKeyView;
 use crate::views::{LogPosition, PartitionView, Receipt};
 use crate::writer::{Amount, Answer, Request, Writers};
 
-/// The router, with the body limit applied to every route.
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+/// The router, with the body limit applied to every route, each route
+/// granted to the scopes beside it (see [`crate::auth`]).
+pub fn router(state: AppState, max_body_bytes: usize, auth: Arc<Auth>) -> Router {
+    let metrics_public = auth.metrics_public();
+    let metrics = match metrics_public {
+        true => get(metrics_text),
+        false => require(auth::METRICS, get(metrics_text)),
+    };
     Router::new()
-        .route("/v1/policies", post(publish_policy))
-        .route("/v1/policies/{subject}/{route}", get(get_policy))
+        .route("/v1/policies", require(OPERATOR, post(publish_policy)))
+        .route(
+            "/v1/policies/{subject}/{route}",
+            require(SUBJECT_READ, get(get_policy)),
+        )
         .route(
             "/v1/policies/{subject}/{route}/rollback",
-            post(rollback_policy),
+            require(OPERATOR, post(rollback_policy)),
         )
-        .route("/v1/reservations", post(reserve))
-        .route("/v1/reservations/{id}", get(get_reservation))
-        .route("/v1/reservations/{id}/start", post(start))
-        .route("/v1/reservations/{id}/settle", post(settle))
-        .route("/v1/reservations/{id}/release", post(release))
-        .route("/v1/partitions", get(list_partitions))
+        .route("/v1/reservations", require(GATEWAY, post(reserve)))
+        .route(
+            "/v1/reservations/{id}",
+            require(SUBJECT_READ, get(get_reservation)),
+        )
+        .route("/v1/reservations/{id}/start", require(GATEWAY, post(start)))
+        .route(
+            "/v1/reservations/{id}/settle",
+            require(GATEWAY, post(settle)),
+        )
+        .route(
+            "/v1/reservations/{id}/release",
+            require(GATEWAY, post(release)),
+        )
+        .route("/v1/partitions", require(OPERATOR, get(list_partitions)))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .route("/openapi.json", get(openapi_json))
+        .route("/metrics", metrics)
+        .route("/openapi.json", get(move || openapi_json(metrics_public)))
         .merge(crate::queries::routes())
         .merge(crate::shards::http::routes())
         .fallback(|| async {
@@ -57,6 +78,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(auth, authenticate))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -307,9 +329,11 @@ pub async fn get_policy(
     ))]
 pub async fn reserve(
     State(state): State<AppState>,
+    principal: Principal,
     headers: HeaderMap,
     ApiJson(body): ApiJson<ReserveBody>,
 ) -> Result<Response, ApiError> {
+    principal.require_subject(GATEWAY, &body.subject)?;
     let writers = state.writers()?;
     let header_id = match headers.get("idempotency-key") {
         Some(v) => Some(
@@ -351,6 +375,15 @@ pub async fn reserve(
         )
     })?;
     let shard = match writers.locate(&id).map_err(ApiError::unavailable)? {
+        // Another subject's id: refused here, so its partition's numbers
+        // (the rate-limit headers of its refusal) never reach this caller.
+        Some(existing) if !principal.sees(&existing.subject) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "exists_with_different_digest",
+                reservoir_core::Rejection::ExistsWithDifferentDigest { id }.to_string(),
+            ));
+        }
         Some(existing) => writers.shard_of_key(&existing),
         None => writers.shard_of_key(&key),
     };
@@ -457,11 +490,17 @@ fn settle_sizing(body: &mut PublishPolicy) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The partition holding reservation `id` and its writer shard, or a 404.
-fn locate(writers: &Writers, id: &ReservationId) -> Result<(PartitionKey, usize), ApiError> {
+/// The partition holding reservation `id` and its writer shard, or a 404,
+/// the same 404 where the reservation is another subject's than `principal`'s.
+fn locate(
+    writers: &Writers,
+    id: &ReservationId,
+    principal: &Principal,
+) -> Result<(PartitionKey, usize), ApiError> {
     let key = writers
         .locate(id)
         .map_err(ApiError::unavailable)?
+        .filter(|key| principal.sees(&key.subject))
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -475,11 +514,12 @@ fn locate(writers: &Writers, id: &ReservationId) -> Result<(PartitionKey, usize)
 
 async fn act(
     state: &AppState,
+    principal: &Principal,
     id: ReservationId,
     command: impl FnOnce(ReservationId) -> Command,
 ) -> Result<Response, ApiError> {
     let writers = state.writers()?;
-    let (key, shard) = locate(&writers, &id)?;
+    let (key, shard) = locate(&writers, &id, principal)?;
     receipt_response(
         writers
             .call(
@@ -512,12 +552,17 @@ fn operation_id(raw: &str) -> Result<OperationId, ApiError> {
     ))]
 pub async fn start(
     State(state): State<AppState>,
+    principal: Principal,
     path: Result<Path<String>, PathRejection>,
     ApiJson(body): ApiJson<StartBody>,
 ) -> Result<Response, ApiError> {
     let id = path_id(path)?;
     let operation_id = operation_id(&body.operation_id)?;
-    act(&state, id, |id| Command::Start { id, operation_id }).await
+    act(&state, &principal, id, |id| Command::Start {
+        id,
+        operation_id,
+    })
+    .await
 }
 
 /// Settle with the actual usage; the unused difference goes back, any excess becomes debt.
@@ -530,6 +575,7 @@ pub async fn start(
     ))]
 pub async fn settle(
     State(state): State<AppState>,
+    principal: Principal,
     path: Result<Path<String>, PathRejection>,
     ApiJson(body): ApiJson<SettleBody>,
 ) -> Result<Response, ApiError> {
@@ -537,7 +583,7 @@ pub async fn settle(
     let operation_id = body.operation_id.as_deref().map(operation_id).transpose()?;
     let usage = body.usage.map(reservoir_core::Usage::from);
     let writers = state.writers()?;
-    let (key, shard) = locate(&writers, &id)?;
+    let (key, shard) = locate(&writers, &id, &principal)?;
     let request = Request::Settle {
         key,
         id,
@@ -557,11 +603,12 @@ pub async fn settle(
     ))]
 pub async fn release(
     State(state): State<AppState>,
+    principal: Principal,
     path: Result<Path<String>, PathRejection>,
     ApiJson(_body): ApiJson<ReleaseBody>,
 ) -> Result<Response, ApiError> {
     let id = path_id(path)?;
-    act(&state, id, |id| Command::Release { id }).await
+    act(&state, &principal, id, |id| Command::Release { id }).await
 }
 
 /// The committed receipt: how a client whose reserve answer was lost resolves RESERVATION_UNKNOWN.
@@ -572,11 +619,12 @@ pub async fn release(
     ))]
 pub async fn get_reservation(
     State(state): State<AppState>,
+    principal: Principal,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = path_id(path)?;
     let writers = state.writers()?;
-    let (key, shard) = locate(&writers, &id)?;
+    let (key, shard) = locate(&writers, &id, &principal)?;
     receipt_response(writers.call(shard, Request::Get { key, id }).await?)
 }
 
@@ -638,10 +686,11 @@ pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-async fn openapi_json() -> impl IntoResponse {
+async fn openapi_json(metrics_public: bool) -> impl IntoResponse {
     let mut doc = ApiDoc::openapi();
     doc.merge(crate::queries::QueriesDoc::openapi());
     doc.merge(crate::shards::http::ShardsDoc::openapi());
+    auth::openapi::declare(&mut doc, metrics_public);
     Json(doc)
 }
 
@@ -649,7 +698,7 @@ async fn openapi_json() -> impl IntoResponse {
 #[openapi(
     info(
         title = "Reservoir",
-        description = "Event-sourced capacity ledger for LLM rate limits. Errors are RFC 9457 application/problem+json."
+        description = "Event-sourced capacity ledger for LLM rate limits. Errors are RFC 9457 application/problem+json. Callers send `Authorization: Bearer <token>`; each operation's `security` names the scopes that grant it (gateway and tenant-read reach only the token's subjects)."
     ),
     paths(
         publish_policy,

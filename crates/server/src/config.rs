@@ -12,6 +12,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::auth::AuthConfig;
+use crate::tls::TlsFiles;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "reservoir",
@@ -34,6 +37,9 @@ pub enum CliCommand {
     /// Ask a running node about the cluster.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Create bearer tokens (see `reservoir_server::auth`).
+    #[command(subcommand)]
+    Token(crate::auth::cli::TokenCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -46,6 +52,9 @@ pub enum ClusterCommand {
         /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// A bearer token with the operator scope.
+        #[arg(long, env = "RESERVOIR_TOKEN")]
+        token: Option<String>,
     },
 }
 
@@ -83,6 +92,13 @@ pub struct ServeArgs {
     /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
     #[arg(long, env = "RESERVOIR_TOPIC")]
     pub topic: Option<String>,
+    /// A librdkafka security setting for every Kafka client, `KEY=VALUE`;
+    /// repeat for several. Only `security.protocol`, `sasl.*` and `ssl.*`
+    /// (e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=SCRAM-SHA-512`,
+    /// `ssl.ca.location=/etc/kafka/ca.pem`); put secrets in the `--config`
+    /// file (`kafka_properties = [...]`), not on the command line.
+    #[arg(long = "kafka-property")]
+    pub kafka_properties: Option<Vec<String>>,
     /// Writer tasks; each owns the ledger partitions of a hash range of (subject, route). Default 16.
     /// Each shard has one batch in flight; the log groups concurrent shards' batches
     /// into one synced write, so more shards put more work behind each fsync.
@@ -139,6 +155,39 @@ pub struct ServeArgs {
     /// remints its unused units, ms. Default 3600000 (1 h).
     #[arg(long, env = "RESERVOIR_SHARD_RECONCILE_GRACE_MS")]
     pub shard_reconcile_grace_ms: Option<u64>,
+    /// TLS certificate chain (PEM) for the HTTP listener; with `--tls-key`.
+    #[arg(long, env = "RESERVOIR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the HTTP listener; with `--tls-cert`.
+    #[arg(long, env = "RESERVOIR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Tokens file (TOML, SHA-256 hashes only; `reservoir token create` writes it).
+    /// Default `<data-dir>/tokens.toml` if it exists; without one authentication is off,
+    /// which only a loopback listen address allows.
+    #[arg(long, env = "RESERVOIR_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve WITHOUT AUTHENTICATION even on a non-loopback address: anyone who
+    /// reaches the port may publish policies and mint capacity.
+    #[arg(long, env = "RESERVOIR_INSECURE_NO_AUTH")]
+    #[serde(default)]
+    pub insecure_no_auth: bool,
+    /// Answer `/metrics` without a token.
+    #[arg(long, env = "RESERVOIR_METRICS_PUBLIC")]
+    #[serde(default)]
+    pub metrics_public: bool,
+    /// Cluster mode: file holding the node credential every node of the cluster
+    /// shares (forwarded requests carry it and the original principal).
+    #[arg(long, env = "RESERVOIR_NODE_TOKEN_FILE")]
+    pub node_token_file: Option<PathBuf>,
+    /// How often the tokens file is looked at for changes, ms. Default 1000.
+    #[arg(long, env = "RESERVOIR_TOKENS_RELOAD_INTERVAL_MS")]
+    pub tokens_reload_interval_ms: Option<u64>,
+    /// When no tokens file exists yet: create `<data-dir>/tokens.toml` with an
+    /// operator token and write the token to `<data-dir>/operator.token`
+    /// (owner-only). `scripts/run` passes it.
+    #[arg(long, env = "RESERVOIR_CREATE_OPERATOR_TOKEN")]
+    #[serde(default)]
+    pub create_operator_token: bool,
 }
 
 /// Which log `reservoir project` follows.
@@ -185,9 +234,34 @@ pub struct ProjectArgs {
     /// Kafka topic, with `--log kafka`. Default `reservoir.events`.
     #[arg(long, env = "RESERVOIR_TOPIC")]
     pub topic: Option<String>,
+    /// A librdkafka security setting for every Kafka client, `KEY=VALUE`;
+    /// repeat for several. Only `security.protocol`, `sasl.*` and `ssl.*`
+    /// (e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=SCRAM-SHA-512`,
+    /// `ssl.ca.location=/etc/kafka/ca.pem`); put secrets in the `--config`
+    /// file (`kafka_properties = [...]`), not on the command line.
+    #[arg(long = "kafka-property")]
+    pub kafka_properties: Option<Vec<String>>,
     /// As `reservoir serve --projection-retention-secs`.
     #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
     pub projection_retention_secs: Option<u64>,
+    /// TLS certificate chain (PEM) for the HTTP listener; with `--tls-key`.
+    #[arg(long, env = "RESERVOIR_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the HTTP listener; with `--tls-cert`.
+    #[arg(long, env = "RESERVOIR_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Tokens file (TOML, SHA-256 hashes only; `reservoir token create` writes it).
+    /// Without one authentication is off, which only a loopback listen address allows.
+    #[arg(long, env = "RESERVOIR_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve WITHOUT AUTHENTICATION even on a non-loopback address.
+    #[arg(long, env = "RESERVOIR_INSECURE_NO_AUTH")]
+    #[serde(default)]
+    pub insecure_no_auth: bool,
+    /// Answer `/metrics` without a token.
+    #[arg(long, env = "RESERVOIR_METRICS_PUBLIC")]
+    #[serde(default)]
+    pub metrics_public: bool,
 }
 
 /// Resolved settings of `reservoir project`.
@@ -197,6 +271,11 @@ pub struct ProjectConfig {
     pub listen: SocketAddr,
     pub log: ProjectSource,
     pub projection_retention: Option<Duration>,
+    pub auth: AuthConfig,
+    /// `Some`: TLS on the listener (see [`crate::tls`]).
+    pub tls: Option<TlsFiles>,
+    /// librdkafka security settings (see [`kafka_properties`]).
+    pub kafka_properties: Vec<(String, String)>,
 }
 
 /// `--projection-retention-secs`: 0 or none keeps every record.
@@ -280,15 +359,59 @@ impl ProjectArgs {
                 ProjectSource::Embedded { log_dir }
             }
         };
+        let kafka_properties = kafka_properties(self.kafka_properties.or(file.kafka_properties))?;
+        let tls = tls_files(
+            self.tls_cert.or(file.tls_cert),
+            self.tls_key.or(file.tls_key),
+        )?;
         Ok(ProjectConfig {
             data_dir,
             listen,
             log,
+            tls,
+            kafka_properties,
             projection_retention: retention(
                 self.projection_retention_secs
                     .or(file.projection_retention_secs),
             ),
+            auth: AuthConfig {
+                tokens_file: self.tokens_file.or(file.tokens_file),
+                insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth,
+                metrics_public: self.metrics_public || file.metrics_public,
+                ..AuthConfig::default()
+            },
         })
+    }
+}
+
+/// `KEY=VALUE` librdkafka settings, only the security ones (`security.protocol`,
+/// `sasl.*`, `ssl.*`): the others are the log's to choose.
+pub fn kafka_properties(raw: Option<Vec<String>>) -> Result<Vec<(String, String)>, String> {
+    raw.unwrap_or_default()
+        .iter()
+        .map(|item| {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--kafka-property {item:?} is not KEY=VALUE"))?;
+            let key = key.trim();
+            let security =
+                key == "security.protocol" || key.starts_with("sasl.") || key.starts_with("ssl.");
+            if !security || value.is_empty() {
+                return Err(format!(
+                    "--kafka-property {key}: only security.protocol, sasl.* and ssl.* with a value"
+                ));
+            }
+            Ok((key.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+/// `--tls-cert` and `--tls-key`: both or neither.
+fn tls_files(cert: Option<PathBuf>, key: Option<PathBuf>) -> Result<Option<TlsFiles>, String> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles { cert, key })),
+        (None, None) => Ok(None),
+        _ => Err("--tls-cert and --tls-key go together".to_string()),
     }
 }
 
@@ -323,6 +446,12 @@ pub struct Config {
     pub shard_key_file: Option<PathBuf>,
     /// After a shard's expiry plus this, a reconcile remints nothing (see `crate::shards`).
     pub shard_reconcile_grace: Duration,
+    /// Tokens, node credential, and whether running open is allowed (see [`crate::auth`]).
+    pub auth: AuthConfig,
+    /// `Some`: TLS on the listener (see [`crate::tls`]).
+    pub tls: Option<TlsFiles>,
+    /// librdkafka security settings for every Kafka client (see [`kafka_properties`]).
+    pub kafka_properties: Vec<(String, String)>,
 }
 
 /// Cluster-mode settings.
@@ -363,6 +492,9 @@ impl Default for Config {
             topic_partitions: 8,
             shard_key_file: None,
             shard_reconcile_grace: Duration::from_secs(3_600),
+            auth: AuthConfig::default(),
+            tls: None,
+            kafka_properties: Vec::new(),
         }
     }
 }
@@ -396,7 +528,15 @@ impl ServeArgs {
                         .unwrap_or(10_000),
                 ),
             });
+        let kafka_properties =
+            kafka_properties(self.kafka_properties.clone().or(file.kafka_properties))?;
+        let tls = tls_files(
+            self.tls_cert.clone().or(file.tls_cert),
+            self.tls_key.clone().or(file.tls_key),
+        )?;
         let config = Config {
+            kafka_properties,
+            tls,
             data_dir: self.data_dir.or(file.data_dir).unwrap_or(base.data_dir),
             listen,
             log: self.log.or(file.log).unwrap_or(base.log),
@@ -445,6 +585,17 @@ impl ServeArgs {
                 .or(file.shard_reconcile_grace_ms)
                 .map(Duration::from_millis)
                 .unwrap_or(base.shard_reconcile_grace),
+            auth: AuthConfig {
+                tokens_file: self.tokens_file.or(file.tokens_file),
+                insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth,
+                metrics_public: self.metrics_public || file.metrics_public,
+                node_token_file: self.node_token_file.or(file.node_token_file),
+                reload_interval: self
+                    .tokens_reload_interval_ms
+                    .or(file.tokens_reload_interval_ms)
+                    .map(Duration::from_millis),
+                create_operator_token: self.create_operator_token || file.create_operator_token,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -469,6 +620,12 @@ impl Config {
         for (name, d) in [
             ("sweep-interval-ms", self.sweep_interval),
             ("refill-interval-ms", self.refill_interval),
+            (
+                "tokens-reload-interval-ms",
+                self.auth
+                    .reload_interval
+                    .unwrap_or(crate::auth::DEFAULT_RELOAD_INTERVAL),
+            ),
         ] {
             if d.is_zero() || d > Duration::from_secs(3_600) {
                 return Err(format!("{name} must be 1..=3600000"));
@@ -486,6 +643,10 @@ impl Config {
             return Err("shard-reconcile-grace-ms must be at most 604800000 (7 days)".to_string());
         }
         if let Some(cluster) = &self.cluster {
+            if self.tls.is_some() {
+                // Peers reach each other over the advertised http:// URLs.
+                return Err("--tls-cert is not supported in cluster mode yet: terminate TLS in front of the nodes".to_string());
+            }
             if self.log != LogKind::Kafka {
                 return Err("--cluster-group needs --log kafka".to_string());
             }

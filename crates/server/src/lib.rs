@@ -15,6 +15,9 @@
 //!   units is sized, behind the `Sizer` the writer calls.
 //! - [`queries`]: the read side: a projector following the same log into
 //!   `<data-dir>/projections`, and the query endpoints over it (`?min_position=`).
+//! - [`auth`]: bearer tokens, principals and scopes, checked on every route
+//!   and passed along between cluster nodes.
+//! - [`tls`]: optional TLS (rustls) on the HTTP listener.
 //! - [`telemetry`]: Prometheus metrics. [`config`]: flags, environment, TOML file.
 //! - [`cluster`]: several nodes on one Kafka topic (consumer-group ownership,
 //!   claims, routing between nodes, `GET /v1/cluster`); every node also runs
@@ -29,6 +32,7 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod bodies;
 pub mod clock;
 pub mod cluster;
@@ -43,6 +47,7 @@ pub mod sizing;
 pub mod snapshot;
 pub mod sweeper;
 pub mod telemetry;
+pub mod tls;
 pub mod views;
 pub mod writer;
 
@@ -105,6 +110,9 @@ pub async fn start_with_clock<L: EventLog>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, String> {
     config.validate()?;
+    let auth = auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
+    warn_clear_tokens(&auth, tls.is_some(), config.listen);
     let retired = Arc::new(writer::RetiredIndex::open(
         &config.data_dir.join("retired"),
     )?);
@@ -121,7 +129,13 @@ pub async fn start_with_clock<L: EventLog>(
         reconcile_grace_ms: u64::try_from(config.shard_reconcile_grace.as_millis())
             .unwrap_or(u64::MAX),
     });
-    let app = api::router(state.clone(), config.max_body_bytes);
+    auth.watch(
+        config
+            .auth
+            .reload_interval
+            .unwrap_or(auth::DEFAULT_RELOAD_INTERVAL),
+    );
+    let app = api::router(state.clone(), config.max_body_bytes, auth);
     state.estimators().set_dir(&config.data_dir);
     // The read side follows the same log in its own database.
     let projector = queries::spawn(
@@ -130,12 +144,7 @@ pub async fn start_with_clock<L: EventLog>(
         config.projection_retention,
         state.queries().clone(),
     );
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| e.to_string())
-    });
+    let http = tokio::spawn(async move { tls::serve(listener, tls, app, shutdown).await });
 
     let serving = async move {
         let mut claim_epochs = claim_epochs;
@@ -294,6 +303,13 @@ pub async fn start_with_clock<L: EventLog>(
         served
     });
     Ok(RunningServer { addr, done })
+}
+
+/// Bearer tokens over plain HTTP beyond loopback can be read on the way.
+pub fn warn_clear_tokens(auth: &auth::Auth, tls: bool, listen: SocketAddr) {
+    if auth.enabled() && !tls && !listen.ip().is_loopback() {
+        tracing::warn!(%listen, "bearer tokens travel in clear: give --tls-cert and --tls-key, or terminate TLS in front of this server");
+    }
 }
 
 /// Writes local snapshots of the writers' state (see [`snapshot`]).

@@ -8,6 +8,7 @@
 //! Kafka topic or a running server's embedded log without writing to it (see
 //! `reservoir_server::project`).
 //! `reservoir cluster status --url URL` prints a node's view of the cluster.
+//! `reservoir token create` makes a bearer token (see `reservoir_server::auth`).
 //!
 //! A panic anywhere aborts the process: a broken invariant must crash, and
 //! recovery from the log is the only restart path (crash-only).
@@ -68,12 +69,25 @@ fn main() -> ExitCode {
                 }
             };
         }
-        CliCommand::Cluster(ClusterCommand::Status { url, json }) => {
+        CliCommand::Token(command) => {
+            return match reservoir_server::auth::cli::run(command) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("reservoir: {err}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        CliCommand::Cluster(ClusterCommand::Status { url, json, token }) => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            return match runtime.block_on(reservoir_server::cluster::status::print(&url, json)) {
+            return match runtime.block_on(reservoir_server::cluster::status::print(
+                &url,
+                json,
+                token.as_deref(),
+            )) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("reservoir: {err}");
@@ -103,6 +117,12 @@ fn main() -> ExitCode {
 }
 
 async fn serve(mut config: Config) -> Result<(), String> {
+    if config.auth.create_operator_token
+        && config.auth.tokens_file.is_none()
+        && !config.auth.insecure_no_auth
+    {
+        reservoir_server::auth::cli::create_operator_token(&config.data_dir)?;
+    }
     if config.log != LogKind::Embedded {
         // Snapshots assume this process alone writes the log.
         config.snapshot_interval = None;
@@ -139,6 +159,7 @@ async fn serve(mut config: Config) -> Result<(), String> {
                 .clone()
                 .ok_or("--log kafka needs --brokers HOST:PORT")?;
             let mut kafka = KafkaConfig::new(brokers, writer_id.clone());
+            kafka.client_overrides = config.kafka_properties.clone();
             kafka.topic = config.topic.clone();
             kafka.partitions_for_new_topic = config.topic_partitions;
             let log = KafkaLog::connect(kafka)

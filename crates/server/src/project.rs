@@ -50,7 +50,7 @@ pub async fn run(
         .map_err(|e| format!("cannot create {}: {e}", config.data_dir.display()))?;
     match config.log.clone() {
         ProjectSource::Kafka { brokers, topic } => {
-            let log = connect_kafka(&brokers, &topic).await?;
+            let log = connect_kafka(&brokers, &topic, &config.kafka_properties).await?;
             serve(config, Arc::new(ReadOnly(log)), shutdown).await
         }
         ProjectSource::Embedded { log_dir } => {
@@ -76,6 +76,10 @@ async fn serve<L: EventReader>(
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let auth = crate::auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+    crate::warn_clear_tokens(&auth, tls.is_some(), config.listen);
+    auth.watch(crate::auth::DEFAULT_RELOAD_INTERVAL);
     let state = AppState::new(telemetry::install());
     let projector = queries::spawn(
         log,
@@ -84,10 +88,7 @@ async fn serve<L: EventReader>(
         state.queries().clone(),
     );
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "projector listening");
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| e.to_string());
+    let served = crate::tls::serve(listener, tls, router(state, auth), shutdown).await;
     projector.stop().await;
     tracing::info!("stopped");
     served
@@ -95,12 +96,17 @@ async fn serve<L: EventReader>(
 
 /// The query routes plus health, readiness, metrics and the OpenAPI document;
 /// every write route is absent (404), since this process never writes.
-pub fn router(state: AppState) -> Router {
+pub fn router(state: AppState, auth: Arc<crate::auth::Auth>) -> Router {
+    let metrics_public = auth.metrics_public();
+    let metrics = match auth.metrics_public() {
+        true => get(api::metrics_text),
+        false => crate::auth::require(crate::auth::METRICS, get(api::metrics_text)),
+    };
     Router::new()
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(api::metrics_text))
-        .route("/openapi.json", get(openapi_json))
+        .route("/metrics", metrics)
+        .route("/openapi.json", get(move || openapi_json(metrics_public)))
         .merge(queries::routes())
         .fallback(|| async {
             ApiError::new(
@@ -109,6 +115,10 @@ pub fn router(state: AppState) -> Router {
                 "no such resource (a projector serves only the query API)",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::auth::authenticate,
+        ))
         .with_state(state)
 }
 
@@ -122,14 +132,20 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn openapi_json() -> Response {
+async fn openapi_json(metrics_public: bool) -> Response {
     use utoipa::OpenApi;
-    Json(queries::QueriesDoc::openapi()).into_response()
+    let mut doc = queries::QueriesDoc::openapi();
+    crate::auth::openapi::declare(&mut doc, metrics_public);
+    Json(doc).into_response()
 }
 
 /// Connects to `topic` once it exists; never creates it (the writers do, with
 /// their partition count).
-async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
+async fn connect_kafka(
+    brokers: &str,
+    topic: &str,
+    security: &[(String, String)],
+) -> Result<KafkaLog, String> {
     let boot = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
@@ -140,6 +156,7 @@ async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
         std::process::id()
     );
     let mut config = KafkaConfig::new(brokers, reader_id);
+    config.client_overrides = security.to_vec();
     config.topic = topic.to_string();
     config.reader_fetch_min_bytes = KafkaConfig::FOLLOWER_FETCH_MIN_BYTES;
     let mut waiting_since: Option<Instant> = None;
@@ -168,12 +185,15 @@ async fn connect_kafka(brokers: &str, topic: &str) -> Result<KafkaLog, String> {
 
 /// Partitions of the topic (0 when it does not exist), without creating it.
 fn topic_partitions(config: &KafkaConfig) -> Result<usize, String> {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+    let mut client = rdkafka::ClientConfig::new();
+    client
         .set("bootstrap.servers", &config.brokers)
         .set("allow.auto.create.topics", "false")
-        .set("log_level", "3")
-        .create()
-        .map_err(|e| format!("kafka client: {e}"))?;
+        .set("log_level", "3");
+    for (key, value) in &config.client_overrides {
+        client.set(key, value);
+    }
+    let consumer: BaseConsumer = client.create().map_err(|e| format!("kafka client: {e}"))?;
     let metadata = consumer
         .fetch_metadata(Some(&config.topic), config.request_timeout)
         .map_err(|e| format!("metadata of {}: {e}", config.topic))?;

@@ -8,6 +8,12 @@
 #[path = "server/support.rs"]
 mod support;
 
+#[path = "server/auth.rs"]
+mod auth;
+#[path = "server/auth_cluster.rs"]
+mod auth_cluster;
+#[path = "server/auth_ops.rs"]
+mod auth_ops;
 #[path = "server/bounded.rs"]
 mod bounded;
 #[path = "server/clock.rs"]
@@ -54,3 +60,5 @@ mod shards;
 mod sizing;
 #[path = "server/sweepers.rs"]
 mod sweepers;
+#[path = "server/tls.rs"]
+mod tls;

@@ -14,14 +14,16 @@ capacity before a provider call and settle it after.
   (``meter.py``) on completion, error, cancellation or disconnect.
 
 It mirrors the Rust client (``crates/client``, issue 13) over the same HTTP
-contract. Not in this version: emergency shards (the gateway-side buckets for
-when the ledger is unreachable), the fair start scheduler, and bearer-token
-checks on the server (the token is sent; the server ignores it until issue 17).
+contract. ``token=`` is sent as ``Authorization: Bearer``; the ledger's 401
+and 403 are :class:`Unauthorized` and :class:`Forbidden`. Not in this
+version: emergency shards (the gateway-side buckets for when the ledger is
+unreachable) and the fair start scheduler.
 """
 
 from .client import AsyncReservoir, Reservoir, new_reservation_id
 from .errors import (
     CapacityRefused,
+    Forbidden,
     IdempotencyConflict,
     InvalidRequest,
     LedgerUnreachable,
@@ -31,6 +33,7 @@ from .errors import (
     RequestTooLarge,
     ReservationUnknown,
     ReservoirError,
+    Unauthorized,
     Unavailable,
     UnknownReservation,
     WrongState,
@@ -47,6 +50,7 @@ __all__ = [
     "AsyncGuardedStream",
     "AsyncReservoir",
     "CapacityRefused",
+    "Forbidden",
     "GuardedStream",
     "IdempotencyConflict",
     "InvalidRequest",
@@ -64,6 +68,7 @@ __all__ = [
     "RetryPolicy",
     "SizingReceipt",
     "StreamMeter",
+    "Unauthorized",
     "Unavailable",
     "UnknownReservation",
     "Usage",

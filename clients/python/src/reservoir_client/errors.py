@@ -27,6 +27,8 @@ __all__ = [
     "ReservationUnknown",
     "ReservoirError",
     "Unavailable",
+    "Forbidden",
+    "Unauthorized",
     "UnknownReservation",
     "WrongState",
     "problem_from_response",
@@ -91,6 +93,16 @@ class IdempotencyConflict(ProblemError):
 
 class InvalidRequest(ProblemError):
     """422/400/413: the request itself is wrong (ids, values, body)."""
+
+
+class Unauthorized(ProblemError):
+    """401: no bearer token, or one the ledger does not know (``token=`` of
+    the client; ``reservoir token create`` makes one). Not retried."""
+
+
+class Forbidden(ProblemError):
+    """403: the token lacks the scope for this call, or the subject (tenant)
+    named is not one of the token's. Not retried."""
 
 
 class UnknownReservation(ProblemError):
@@ -162,6 +174,10 @@ def _class_for(code: str, status: int) -> type[ProblemError]:
         return _BY_CODE[code]
     if code.startswith("exists_with_different"):
         return IdempotencyConflict
+    if status == 401:
+        return Unauthorized
+    if status == 403:
+        return Forbidden
     if status == 429:
         return CapacityRefused
     if status == 503:

@@ -4,6 +4,7 @@
 //!
 //! ```sh
 //! scripts/run &    # the ledger on 127.0.0.1:8080; publish a policy for your tenant on route `messages`
+//! RESERVOIR_TOKEN=$(cat reservoir-data/operator.token) \
 //! cargo run --release -p reservoir-client --example gateway -- \
 //!     --ledger http://127.0.0.1:8080 --listen 127.0.0.1:8090 --concurrency 4 --weight tenant-7=5
 //! curl -N -H 'content-type: application/json' -H 'x-tenant: tenant-7' localhost:8090/v1/messages \
@@ -54,7 +55,11 @@ async fn main() {
         }
     };
     let gateway = Arc::new(app::Gateway {
-        ledger: Client::new(&ledger),
+        // A gateway token (`reservoir token create --scope gateway ...`), if the ledger authenticates.
+        ledger: match std::env::var("RESERVOIR_TOKEN") {
+            Ok(token) => Client::builder(&ledger).token(token.trim()).build(),
+            Err(_) => Client::new(&ledger),
+        },
         scheduler: StartScheduler::new(SchedulerConfig {
             concurrency,
             weights,

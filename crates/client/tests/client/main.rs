@@ -14,6 +14,7 @@ mod app;
 #[path = "../../examples/gateway/provider.rs"]
 mod provider;
 
+mod auth;
 mod gateway;
 mod lifecycle;
 mod restart;

@@ -145,6 +145,52 @@ impl Ledger {
         format!("http://{}", self.addr())
     }
 
+    /// A ledger that authenticates: `<data-dir>/tokens.toml` holds an
+    /// operator token (which `http` sends, for setup and checks) and one
+    /// gateway token per entry of `gateway_subjects`, returned in that order.
+    pub async fn start_authenticated(gateway_subjects: &[&str]) -> (Ledger, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens_file = dir.path().join("tokens.toml");
+        let create = |principal: &str, args: &[&str]| -> String {
+            let out = Command::new(server_bin())
+                .args(["token", "create", "--principal", principal, "--tokens-file"])
+                .arg(&tokens_file)
+                .args(args)
+                .output()
+                .expect("reservoir token create");
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        let operator = create("ops", &["--scope", "operator"]);
+        let gateways = gateway_subjects
+            .iter()
+            .map(|subject| {
+                create(
+                    &format!("gw-{subject}"),
+                    &["--scope", "gateway", "--subject", subject],
+                )
+            })
+            .collect();
+        let server = ServerProcess::spawn(dir.path()).await;
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {operator}").parse().unwrap(),
+        );
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .unwrap();
+        (
+            Ledger {
+                dir,
+                server: Some(server),
+                http,
+            },
+            gateways,
+        )
+    }
+
     /// Kills the process and starts another on the same data directory.
     pub async fn restart(&mut self) {
         self.server.take().expect("running").kill();

@@ -155,6 +155,9 @@ pub fn join(node: Arc<Node>) -> Result<Membership, String> {
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "latest")
         .set("log_level", "4");
+    for (key, value) in &node.config.kafka_properties {
+        config.set(key, value);
+    }
     let consumer: BaseConsumer<GroupContext> = config
         .create_with_context(GroupContext {
             node: node.clone(),

@@ -104,6 +104,8 @@ pub struct Node {
     /// unique across the cluster); rewritten by each take-over's replay.
     pub retired: Arc<crate::writer::RetiredIndex>,
     pub started: Instant,
+    /// Tokens and the node credential, shared by every router of the node.
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 impl Node {
@@ -224,6 +226,7 @@ pub async fn run(
         .unwrap_or(0);
     let writer_id = format!("{}@{}#{boot}", cluster.node_id, cluster.advertise_url);
     let mut kafka = KafkaConfig::new(brokers, writer_id.clone());
+    kafka.client_overrides = config.kafka_properties.clone();
     kafka.topic = config.topic.clone();
     kafka.partitions_for_new_topic = config.topic_partitions;
     let log = KafkaLog::connect(kafka)
@@ -241,6 +244,7 @@ pub async fn run(
         format!("projector-{writer_id}"),
     );
     reader.topic = config.topic.clone();
+    reader.client_overrides = config.kafka_properties.clone();
     reader.reader_fetch_min_bytes = KafkaConfig::FOLLOWER_FETCH_MIN_BYTES;
     let reader = KafkaLog::connect(reader)
         .await
@@ -257,11 +261,31 @@ pub async fn run(
         config.projection_retention,
         queries.clone(),
     );
-    let idle = crate::api::router(idle_state, config.max_body_bytes);
+    let auth = crate::auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
+    crate::warn_clear_tokens(&auth, false, config.listen);
+    if auth.enabled() && auth.node_credential().is_none() {
+        return Err("cluster mode with authentication needs --node-token-file (the credential nodes forward with; `reservoir token generate` makes one)".to_string());
+    }
+    auth.watch(
+        config
+            .auth
+            .reload_interval
+            .unwrap_or(crate::auth::DEFAULT_RELOAD_INTERVAL),
+    );
+    let idle = crate::api::router(idle_state, config.max_body_bytes, auth.clone());
     let retired = Arc::new(crate::writer::RetiredIndex::open(
         &config.data_dir.join("retired"),
     )?);
+    // Every request to a peer carries the node credential (see `crate::auth::forward`).
+    let mut peer_headers = reqwest::header::HeaderMap::new();
+    if let Some(node) = auth.node_credential() {
+        let mut value = reqwest::header::HeaderValue::from_str(&node.authorization())
+            .map_err(|_| "the node token is not a valid header value".to_string())?;
+        value.set_sensitive(true);
+        peer_headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let http = reqwest::Client::builder()
+        .default_headers(peer_headers)
         .pool_max_idle_per_host(64)
         .tcp_nodelay(true)
         .build()
@@ -286,6 +310,7 @@ pub async fn run(
         queries,
         retired,
         started: Instant::now(),
+        auth,
     });
     let app = routing::router(node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

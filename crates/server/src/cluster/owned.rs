@@ -227,7 +227,7 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
     let owned = Arc::new(Owned {
         log_partition: p,
         claim_epoch: claim.epoch,
-        router: api::router(state, node.config.max_body_bytes),
+        router: api::router(state, node.config.max_body_bytes, node.auth.clone()),
         writers,
         view: view.clone(),
         serving_since: Instant::now(),

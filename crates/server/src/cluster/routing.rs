@@ -6,7 +6,7 @@
 //! | request | partition from |
 //! | --- | --- |
 //! | `POST /v1/policies` | `policy.subject`, `policy.route` in the body |
-//! | `GET /v1/policies/{subject}/{route}` | the path |
+//! | `GET /v1/policies/{subject}/{route}`, `POST …/rollback` | the path |
 //! | `POST /v1/reservations` | `subject`, `route` in the body |
 //! | `/v1/reservations/{id}[/start,/settle,/release]` | the id: local writers, then ids this node routed, then `GET /v1/cluster/locate/{id}` on every live peer |
 //! | `GET /v1/partitions` | every local partition, and (unless forwarded) every live peer's |
@@ -29,6 +29,7 @@ use reservoir_log::kafka::log_partition_of_route;
 use tower::ServiceExt;
 
 use super::{status, Node};
+use crate::auth::{self, require, Principal};
 use crate::problem::ApiError;
 
 pub const HOPS_HEADER: &str = "x-reservoir-hops";
@@ -37,14 +38,31 @@ pub const MAX_HOPS: u32 = 2;
 /// Longest a forwarded request may take (the owner's own limit is 30 s).
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(35);
 
+/// The node's front. Every request is authenticated here once; the
+/// [`Principal`] found travels in the request's extensions into the local
+/// partition routers, and in [`auth::forward::PRINCIPAL_HEADER`] (with the
+/// node credential every peer request carries) to the owner.
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
-        .route("/v1/cluster", get(cluster_view))
-        .route("/v1/cluster/node", get(node_status))
-        .route("/v1/cluster/locate/{id}", get(locate))
+        .route("/v1/cluster", require(auth::OPERATOR, get(cluster_view)))
+        .route("/v1/cluster/node", require(auth::NODE, get(node_status)))
+        .route("/v1/cluster/locate/{id}", require(auth::NODE, get(locate)))
         .route("/readyz", get(readyz))
         .fallback(front)
+        .layer(axum::middleware::from_fn_with_state(
+            node.auth.clone(),
+            auth::authenticate,
+        ))
         .with_state(node)
+}
+
+/// The caller's principal for a request to a peer (none when authentication is off).
+fn principal_header(node: &Node, parts: &axum::http::request::Parts) -> Option<HeaderValue> {
+    node.auth.node_credential()?;
+    parts
+        .extensions
+        .get::<Principal>()
+        .and_then(auth::forward::encode)
 }
 
 async fn cluster_view(State(node): State<Arc<Node>>) -> Response {
@@ -141,7 +159,8 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
             .map_or(Target::Local, |(s, r)| {
                 Target::Partition(log_partition_of_route(&s, &r, partitions))
             }),
-        (&Method::GET, ["v1", "policies", subject, route]) => {
+        (&Method::GET, ["v1", "policies", subject, route])
+        | (&Method::POST, ["v1", "policies", subject, route, "rollback"]) => {
             match (percent_decode(subject), percent_decode(route)) {
                 (Some(s), Some(r)) => Target::Partition(log_partition_of_route(&s, &r, partitions)),
                 _ => Target::Local,
@@ -366,6 +385,9 @@ async fn forward(
     if let Some(v) = parts.headers.get("idempotency-key") {
         request = request.header("idempotency-key", v.clone());
     }
+    if let Some(v) = principal_header(node, &parts) {
+        request = request.header(auth::forward::PRINCIPAL_HEADER, v);
+    }
     let response = match request.send().await {
         Ok(r) => r,
         Err(err) => {
@@ -374,7 +396,11 @@ async fn forward(
     };
     let status = response.status();
     let mut headers = HeaderMap::new();
-    for name in [header::CONTENT_TYPE, header::RETRY_AFTER] {
+    for name in [
+        header::CONTENT_TYPE,
+        header::RETRY_AFTER,
+        header::WWW_AUTHENTICATE,
+    ] {
         if let Some(v) = response.headers().get(&name) {
             headers.insert(name, v.clone());
         }
@@ -421,10 +447,13 @@ async fn all_partitions(
         }
     }
     if hops == 0 {
+        let principal = principal_header(node, &parts);
         for peer in node.peers.live() {
-            let answer = node
-                .http
-                .get(format!("{}/v1/partitions", peer.url))
+            let mut request = node.http.get(format!("{}/v1/partitions", peer.url));
+            if let Some(v) = &principal {
+                request = request.header(auth::forward::PRINCIPAL_HEADER, v.clone());
+            }
+            let answer = request
                 .header(HOPS_HEADER, "1")
                 .timeout(Duration::from_secs(10))
                 .send()

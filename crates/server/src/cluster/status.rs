@@ -436,10 +436,13 @@ pub async fn cluster(node: &Node) -> ClusterView {
 }
 
 /// `reservoir cluster status`: asks `url` for `/v1/cluster` and prints it.
-pub async fn print(url: &str, json: bool) -> Result<(), String> {
+pub async fn print(url: &str, json: bool, token: Option<&str>) -> Result<(), String> {
     let url = url.trim_end_matches('/');
-    let response = reqwest::Client::new()
-        .get(format!("{url}/v1/cluster"))
+    let mut request = reqwest::Client::new().get(format!("{url}/v1/cluster"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
         .timeout(Duration::from_secs(10))
         .send()
         .await

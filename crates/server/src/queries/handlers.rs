@@ -236,6 +236,7 @@ pub async fn tenant_diagnosis(
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn reservation(
+    principal: crate::auth::Principal,
     Projected {
         value: raw, live, ..
     }: Projected,
@@ -267,6 +268,8 @@ pub async fn reservation(
         .projections
         .reservation_by_id(id.as_str())
         .map_err(store_failure)?
+        // Another subject's reservation is answered as one that does not exist.
+        .filter(|record| principal.sees(&record.key.subject))
         .ok_or_else(unknown)?;
     let r = &record.reservation;
     Ok(Json(ReservationRecordView {

@@ -309,16 +309,45 @@ where
     QueryHandle: FromRef<S>,
     S: Clone + Send + Sync + 'static,
 {
+    use crate::auth::{require, OPERATOR, SUBJECT_READ, TENANT_READ};
+    // A route's numbers sum every tenant's: operators only.
     Router::new()
-        .route("/v1/tenants/{tenant}/balances", get(tenant_balances))
-        .route("/v1/tenants/{tenant}/efficiency", get(tenant_efficiency))
-        .route("/v1/tenants/{tenant}/diagnosis", get(tenant_diagnosis))
-        .route("/v1/routes/{route}/balances", get(route_balances))
-        .route("/v1/routes/{route}/estimate", get(route_estimate))
-        .route("/v1/routes/{route}/efficiency", get(route_efficiency))
-        .route("/v1/routes/{route}/shadow", get(route_shadow))
-        .route("/v1/tenants/{tenant}/shadow", get(tenant_shadow))
-        .route("/v1/projections/reservations/{id}", get(reservation))
+        .route(
+            "/v1/tenants/{tenant}/balances",
+            require(TENANT_READ, get(tenant_balances)),
+        )
+        .route(
+            "/v1/tenants/{tenant}/efficiency",
+            require(TENANT_READ, get(tenant_efficiency)),
+        )
+        .route(
+            "/v1/tenants/{tenant}/diagnosis",
+            require(TENANT_READ, get(tenant_diagnosis)),
+        )
+        .route(
+            "/v1/routes/{route}/balances",
+            require(OPERATOR, get(route_balances)),
+        )
+        .route(
+            "/v1/routes/{route}/estimate",
+            require(OPERATOR, get(route_estimate)),
+        )
+        .route(
+            "/v1/routes/{route}/efficiency",
+            require(OPERATOR, get(route_efficiency)),
+        )
+        .route(
+            "/v1/routes/{route}/shadow",
+            require(OPERATOR, get(route_shadow)),
+        )
+        .route(
+            "/v1/tenants/{tenant}/shadow",
+            require(TENANT_READ, get(tenant_shadow)),
+        )
+        .route(
+            "/v1/projections/reservations/{id}",
+            require(SUBJECT_READ, get(reservation)),
+        )
 }
 
 /// What reservation sizing reads from the projections, as far as they have

@@ -11,6 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use reservoir_core::{PartitionKey, ShardId};
+
+use crate::auth::{require, Principal, SHARD_WRITE, SUBJECT_READ};
 use utoipa::OpenApi;
 
 use super::bodies::*;
@@ -21,11 +23,19 @@ use crate::problem::{ApiError, Problem};
 use crate::writer::shards::{IssueShard, ReconcileShard};
 use crate::writer::{Answer, Request};
 
+/// Issue and reconcile: a gateway of the shard's subject, or an operator;
+/// listing: anyone who reads the subject; the public key: everyone.
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/v1/shards", post(issue).get(list))
+        .route(
+            "/v1/shards",
+            require(SHARD_WRITE, post(issue)).merge(require(SUBJECT_READ, get(list))),
+        )
         .route("/v1/shards/public-key", get(public_key))
-        .route("/v1/shards/{id}/reconcile", post(reconcile))
+        .route(
+            "/v1/shards/{id}/reconcile",
+            require(SHARD_WRITE, post(reconcile)),
+        )
 }
 
 fn unexpected(answer: Answer) -> ApiError {
@@ -58,8 +68,10 @@ fn random_shard_id() -> Result<ShardId, ApiError> {
 /// the same `shard_id` and fields: 200 and the same document).
 pub async fn issue(
     State(state): State<AppState>,
+    principal: Principal,
     ApiJson(body): ApiJson<IssueShardBody>,
 ) -> Result<Response, ApiError> {
+    principal.require_subject(SHARD_WRITE, &body.subject)?;
     let settings = state.shards()?.clone();
     let writers = state.writers()?;
     PartitionKey::new(body.subject.clone(), body.route.clone(), "e", 0)
@@ -127,9 +139,11 @@ pub async fn public_key(State(state): State<AppState>) -> Result<Response, ApiEr
 /// and answers the same (200).
 pub async fn reconcile(
     State(state): State<AppState>,
+    principal: Principal,
     path: Result<Path<String>, PathRejection>,
     ApiJson(body): ApiJson<ReconcileBody>,
 ) -> Result<Response, ApiError> {
+    principal.require_subject(SHARD_WRITE, &body.shard.partition_key.subject)?;
     let settings = state.shards()?.clone();
     let writers = state.writers()?;
     let Path(raw) =
@@ -189,11 +203,13 @@ pub async fn reconcile(
 /// may live in any of them).
 pub async fn list(
     State(state): State<AppState>,
+    principal: Principal,
     query: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let writers = state.writers()?;
     let Query(params) = query
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))?;
+    principal.require_subject(SUBJECT_READ, &params.subject)?;
     reservoir_core::validate_id("subject", &params.subject)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.to_string()))?;
     let shards: Vec<usize> = match &params.route {

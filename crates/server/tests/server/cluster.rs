@@ -740,6 +740,15 @@ fn docker_compose_uses_the_real_flags() {
         assert_eq!(config.brokers.as_deref(), Some("kafka:9092"), "{name:?}");
         assert_eq!(cluster.group, "reservoir", "{name:?}");
         assert!(!cluster.peers.is_empty(), "{name:?}");
+        // Beyond loopback a node must authenticate callers and its peers.
+        assert!(
+            config.auth.tokens_file.is_some(),
+            "{name:?} has a tokens file"
+        );
+        assert!(
+            config.auth.node_token_file.is_some(),
+            "{name:?} has a node credential"
+        );
         assert!(
             service["depends_on"].as_mapping().is_some()
                 || service["depends_on"].as_sequence().is_some(),

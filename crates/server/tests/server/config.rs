@@ -110,3 +110,50 @@ fn project_settings_resolve_and_refuse() {
         assert!(bad.resolve().is_err());
     }
 }
+
+/// Kafka security settings pass through to librdkafka: only
+/// `security.protocol`, `sasl.*` and `ssl.*`, from flags or the file; a
+/// setting librdkafka does not know stops the binary with librdkafka's words
+/// (so the settings really reach the client).
+#[test]
+fn kafka_security_settings_pass_through_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reservoir.toml");
+    std::fs::write(&path, "kafka_properties = [\"sasl.password=secret\"]\n").unwrap();
+    let from_file = ServeArgs {
+        config: Some(path),
+        ..Default::default()
+    };
+    assert_eq!(
+        from_file.resolve().unwrap().kafka_properties,
+        vec![("sasl.password".to_string(), "secret".to_string())]
+    );
+    let flags = ServeArgs {
+        kafka_properties: Some(vec![
+            "security.protocol=SASL_SSL".into(),
+            "ssl.ca.location=/etc/ca.pem".into(),
+        ]),
+        ..Default::default()
+    };
+    assert_eq!(flags.resolve().unwrap().kafka_properties.len(), 2);
+    for refused in [
+        "bootstrap.servers=elsewhere:9092",
+        "sasl.mechanism",
+        "ssl.key.password=",
+    ] {
+        let args = ServeArgs {
+            kafka_properties: Some(vec![refused.into()]),
+            ..Default::default()
+        };
+        assert!(args.resolve().is_err(), "{refused}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_reservoir"))
+        .args(["serve", "--log", "kafka", "--brokers", "127.0.0.1:1"])
+        .args(["--kafka-property", "ssl.no.such.setting=1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ssl.no.such.setting"), "{stderr}");
+}
