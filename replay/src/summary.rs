@@ -22,6 +22,17 @@ pub struct Summary {
     pub overdraft_issued_units: u64,
     pub overdraft_repaid_units: u64,
     pub refusals: u64,
+    /// Emergency shards issued, and the units retired for them.
+    pub shards_issued: u64,
+    pub shard_issued_units: u64,
+    /// Shards reconciled, and what their reconciles recorded: spent on the
+    /// gateway, held by calls of unknown usage (both stay retired), reminted,
+    /// and reported beyond the allocation (recorded as debt).
+    pub shards_reconciled: u64,
+    pub shard_spent_units: u64,
+    pub shard_unknown_units: u64,
+    pub shard_reminted_units: u64,
+    pub shard_excess_units: u64,
     pub conservation_failures: u64,
     pub findings: u64,
     /// Every term just before the first row of the range, summed over the
@@ -68,6 +79,26 @@ impl Summary {
                 s.overdraft_repaid_units += repaid_units;
             }
             EventBody::AdmissionRefused { .. } => s.refusals += 1,
+            EventBody::ShardIssued { units, .. } => {
+                s.shards_issued += 1;
+                s.shard_issued_units += units;
+            }
+            EventBody::ShardReminted {
+                units,
+                spent_units,
+                unknown_units,
+                excess_units,
+                ..
+            } => {
+                s.shards_reconciled += 1;
+                s.shard_spent_units += spent_units;
+                s.shard_unknown_units += unknown_units;
+                s.shard_reminted_units += units;
+                s.shard_excess_units += excess_units;
+                // Excess is spent and overdraft issued in the ledger's terms.
+                s.spent_units += excess_units;
+                s.overdraft_issued_units += excess_units;
+            }
             _ => {}
         }
     }
@@ -102,6 +133,25 @@ pub(crate) fn summary_pairs(s: &Summary) -> Vec<(String, String)> {
             s.overdraft_repaid_units.to_string(),
         ),
         ("refusals".into(), s.refusals.to_string()),
+        ("shards_issued".into(), s.shards_issued.to_string()),
+        (
+            "shard_issued_units".into(),
+            s.shard_issued_units.to_string(),
+        ),
+        ("shards_reconciled".into(), s.shards_reconciled.to_string()),
+        ("shard_spent_units".into(), s.shard_spent_units.to_string()),
+        (
+            "shard_unknown_units".into(),
+            s.shard_unknown_units.to_string(),
+        ),
+        (
+            "shard_reminted_units".into(),
+            s.shard_reminted_units.to_string(),
+        ),
+        (
+            "shard_excess_units".into(),
+            s.shard_excess_units.to_string(),
+        ),
         (
             "conservation_failures".into(),
             s.conservation_failures.to_string(),

@@ -8,6 +8,7 @@ mod replay {
     mod decode;
     mod determinism;
     mod html;
+    mod shards;
     pub mod support;
     mod tamper;
 }

@@ -1,6 +1,6 @@
 //! The hook for admitting while the ledger cannot be reached: where emergency
-//! shards (issue 14) plug in. The client ships no implementation; without one
-//! it fails closed ([`crate::Error::Unavailable`]).
+//! shards plug in ([`crate::shards::ShardBook`]). Without one the client
+//! fails closed ([`crate::Error::Unavailable`]).
 //!
 //! The client consults a [`Fallback`] only when no reserve attempt can have
 //! reached the ledger (every attempt failed to connect, or the route could not

@@ -20,7 +20,9 @@
 //! - [`StartScheduler`]: when only so many provider calls may run, picks the
 //!   next RESERVED request to start by tenant weight and policy priority.
 //! - [`Fallback`]: the hook where emergency shards admit while the ledger is
-//!   unreachable (none ships yet: the client fails closed).
+//!   unreachable; without one the client fails closed.
+//! - [`shards::ShardBook`]: the emergency-shard fallback: signed shards bound
+//!   to this process, local books checked after every operation, reconcile.
 //! - [`metrics`]: what is exported through the `metrics` facade.
 
 mod background;
@@ -32,6 +34,7 @@ mod lease;
 pub mod metrics;
 mod retry;
 mod scheduler;
+pub mod shards;
 mod types;
 mod usage;
 
@@ -41,6 +44,7 @@ pub use fallback::{Fallback, LocalHold};
 pub use lease::{Lease, Reservation, Settled};
 pub use retry::{Backoff, RetryPolicy};
 pub use scheduler::{Admitted, FairQueue, Permit, SchedulerConfig, StartScheduler, TenantShare};
+pub use shards::ShardBook;
 pub use types::{
     CapacityUnit, LogPosition, OperationId, Problem, Receipt, ReservationId, ReservationState,
     ReserveRequest, RouteInfo, Settlement, Sizing, SizingReceipt, Usage,

@@ -69,15 +69,31 @@ pub enum Command {
         gateway_id: String,
         boot_epoch: u64,
         expires_at_ms: TimestampMs,
+        /// The issuing writer's claim epoch (recorded, signed over).
+        #[serde(default)]
+        fence_epoch: u64,
+        /// Signature over the shard's document, made by the server.
+        #[serde(default)]
+        signature: String,
     },
     /// After reconciliation, remint a shard's confirmed-unused units into this
-    /// partition (usually the next generation). At most once per shard.
+    /// partition (the subject/route's active one) and record what the gateway
+    /// spent on it. At most once per shard. Without excess,
+    /// `spent + unknown + unused <= issued` (less when a late reconcile remints
+    /// nothing); with excess, `unused = 0` and `spent + unknown = issued + excess`.
     RemintShard {
         shard_id: ShardId,
         source: PartitionKey,
         /// Units the shard was issued with; the remint can never exceed them.
         issued_units: Units,
         unused_units: Units,
+        #[serde(default)]
+        spent_units: Units,
+        #[serde(default)]
+        unknown_units: Units,
+        /// Reported spend beyond the allocation: recorded as debt here.
+        #[serde(default)]
+        excess_units: Units,
     },
     /// Stop admission (epoch roll-over, generation switch). In-flight reservations
     /// still start, settle, release and expire.

@@ -545,6 +545,8 @@ fn decide_open(
             gateway_id,
             boot_epoch,
             expires_at_ms,
+            fence_epoch,
+            signature,
         } => {
             check_units(*units)?;
             crate::types::validate_id("gateway id", gateway_id)?;
@@ -602,6 +604,8 @@ fn decide_open(
                 gateway_id: gateway_id.clone(),
                 boot_epoch: *boot_epoch,
                 expires_at_ms: *expires_at_ms,
+                fence_epoch: *fence_epoch,
+                signature: signature.clone(),
             }
             .into()])
         }
@@ -610,15 +614,18 @@ fn decide_open(
             source,
             issued_units,
             unused_units,
+            spent_units,
+            unknown_units,
+            excess_units,
         } => {
             source.validate()?;
-            if *unused_units > *issued_units {
-                return Err(InvalidInput::AbsurdUnits {
-                    units: *unused_units,
-                    limit: *issued_units,
-                }
-                .into());
-            }
+            check_shard_outcome(
+                *issued_units,
+                *unused_units,
+                *spent_units,
+                *unknown_units,
+                *excess_units,
+            )?;
             if let Some(done) = partition.shards_reminted.get(shard_id) {
                 // Duplicate recovery of unused capacity is 0 by construction.
                 return if done.source == *source {
@@ -639,6 +646,10 @@ fn decide_open(
                 shard_id: shard_id.clone(),
                 source: source.clone(),
                 units,
+                issued_units: *issued_units,
+                spent_units: *spent_units,
+                unknown_units: *unknown_units,
+                excess_units: *excess_units,
             }
             .into()])
         }
@@ -883,4 +894,31 @@ fn settle(
         },
         further,
     }
+}
+
+/// A shard's reconcile adds up: without excess, what was spent, unknown and
+/// unused fits in the allocation (less than all of it when a late reconcile
+/// remints nothing); with excess, nothing is unused and the spend is the
+/// allocation plus the excess exactly.
+fn check_shard_outcome(
+    issued: Units,
+    unused: Units,
+    spent: Units,
+    unknown: Units,
+    excess: Units,
+) -> Result<(), Rejection> {
+    let accounted = u128::from(spent) + u128::from(unknown);
+    let fits = if excess == 0 {
+        accounted + u128::from(unused) <= u128::from(issued)
+    } else {
+        unused == 0 && accounted == u128::from(issued) + u128::from(excess)
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(InvalidInput::AbsurdUnits {
+        units: u64::try_from(accounted + u128::from(unused)).unwrap_or(u64::MAX),
+        limit: issued,
+    }
+    .into())
 }

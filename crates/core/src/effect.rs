@@ -19,9 +19,18 @@ pub fn ledger_effect(l: &mut Ledger, body: &EventBody) -> Result<(), ApplyError>
             l.available_units = sub(l.available_units, *units)?;
             l.retired_for_emergency_units = add(l.retired_for_emergency_units, *units)?;
         }
-        EventBody::ShardReminted { units, .. } => {
+        EventBody::ShardReminted {
+            units,
+            excess_units,
+            ..
+        } => {
             l.reminted_units = add(l.reminted_units, *units)?;
             l.available_units = add(l.available_units, *units)?;
+            // Spend reported beyond the shard's allocation is a debt, like an
+            // overdraft on settle: issued and spent, so admission stops until
+            // refills repay it.
+            l.overdraft_issued_units = add(l.overdraft_issued_units, *excess_units)?;
+            l.spent_units = add(l.spent_units, *excess_units)?;
         }
         _ => {
             if let Some(amounts) = primary_amounts(body) {

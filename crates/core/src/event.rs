@@ -129,11 +129,36 @@ pub enum EventBody {
         gateway_id: String,
         boot_epoch: u64,
         expires_at_ms: TimestampMs,
+        /// Claim epoch of the writer that issued the shard (its fence); 0 in
+        /// records written before shards were signed.
+        #[serde(default)]
+        fence_epoch: u64,
+        /// The issuer's signature over the shard's canonical document
+        /// (`ed25519:<hex>`, made by the server); empty in older records.
+        #[serde(default)]
+        signature: String,
     },
+    /// A shard was reconciled: its confirmed-unused units (`units`) reminted
+    /// here, and what the gateway reported it spent, recorded.
     ShardReminted {
         shard_id: ShardId,
         source: PartitionKey,
         units: Units,
+        /// The shard's allocation (0 in records written before reconcile
+        /// recorded the local spend).
+        #[serde(default)]
+        issued_units: Units,
+        /// Spent on settled local calls (stays retired at the source).
+        #[serde(default)]
+        spent_units: Units,
+        /// Held by local calls whose usage is unknown (stays retired: UNKNOWN
+        /// is never unused).
+        #[serde(default)]
+        unknown_units: Units,
+        /// Reported spend beyond the allocation, recorded here as debt
+        /// (overdraft issued and spent).
+        #[serde(default)]
+        excess_units: Units,
     },
     Closed,
     MovedOut {

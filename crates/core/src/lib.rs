@@ -77,6 +77,7 @@ pub use rollout::{Mode, Rollout};
 pub use savepoint::Savepoint;
 pub use sizing::{size_reservation, EstimatorConfig, RouteEstimate, Sizing, SizingRule};
 pub use types::{
-    MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId, TimestampMs, Units,
+    validate_id, MoveId, OperationId, PartitionKey, RequestDigest, ReservationId, ShardId,
+    TimestampMs, Units,
 };
 pub use usage::Usage;

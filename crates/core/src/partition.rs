@@ -36,12 +36,31 @@ pub struct IssuedShard {
     pub gateway_id: String,
     pub boot_epoch: u64,
     pub expires_at_ms: TimestampMs,
+    /// Writer time of the `ShardIssued` event.
+    #[serde(default)]
+    pub issued_at_ms: TimestampMs,
+    #[serde(default)]
+    pub fence_epoch: u64,
+    #[serde(default)]
+    pub signature: String,
 }
 
+/// A reconciled shard, as the partition it was reminted into records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemintedShard {
     pub source: PartitionKey,
     pub units: Units,
+    #[serde(default)]
+    pub issued_units: Units,
+    #[serde(default)]
+    pub spent_units: Units,
+    #[serde(default)]
+    pub unknown_units: Units,
+    #[serde(default)]
+    pub excess_units: Units,
+    /// Writer time of the `ShardReminted` event.
+    #[serde(default)]
+    pub at_ms: TimestampMs,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -753,12 +772,17 @@ fn commit_other(p: &mut Partition, event: &Event) {
             gateway_id,
             boot_epoch,
             expires_at_ms,
+            fence_epoch,
+            signature,
         } => {
             let shard = IssuedShard {
                 units: *units,
                 gateway_id: gateway_id.clone(),
                 boot_epoch: *boot_epoch,
                 expires_at_ms: *expires_at_ms,
+                issued_at_ms: event.at_ms,
+                fence_epoch: *fence_epoch,
+                signature: signature.clone(),
             };
             p.shards_issued.insert(shard_id.clone(), shard);
         }
@@ -766,10 +790,19 @@ fn commit_other(p: &mut Partition, event: &Event) {
             shard_id,
             source,
             units,
+            issued_units,
+            spent_units,
+            unknown_units,
+            excess_units,
         } => {
             let rec = RemintedShard {
                 source: source.clone(),
                 units: *units,
+                issued_units: *issued_units,
+                spent_units: *spent_units,
+                unknown_units: *unknown_units,
+                excess_units: *excess_units,
+                at_ms: event.at_ms,
             };
             p.shards_reminted.insert(shard_id.clone(), rec);
         }

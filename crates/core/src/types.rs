@@ -18,7 +18,7 @@ pub const MAX_ID_BYTES: usize = 128;
 
 /// Checks an identifier: 1..=MAX_ID_BYTES bytes of `[A-Za-z0-9._:/@-]`.
 /// Kept strict so ids are safe in URLs, log keys and CSV without escaping.
-pub(crate) fn validate_id(kind: &'static str, value: &str) -> Result<(), InvalidInput> {
+pub fn validate_id(kind: &'static str, value: &str) -> Result<(), InvalidInput> {
     if value.is_empty() || value.len() > MAX_ID_BYTES {
         return Err(InvalidInput::IdLength { kind });
     }

@@ -394,11 +394,17 @@ impl Reader<'_> {
                 gateway_id: self.string()?,
                 boot_epoch: self.u64()?,
                 expires_at_ms: self.u64()?,
+                fence_epoch: self.u64()?,
+                signature: self.string()?,
             },
             11 => EventBody::ShardReminted {
                 shard_id: ShardId::new(self.string()?).ok()?,
                 source: self.key()?,
                 units: self.u64()?,
+                issued_units: self.u64()?,
+                spent_units: self.u64()?,
+                unknown_units: self.u64()?,
+                excess_units: self.u64()?,
             },
             12 => EventBody::Closed,
             13 => EventBody::MovedOut {

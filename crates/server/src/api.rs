@@ -66,6 +66,7 @@ pub fn router(state: AppState, max_body_bytes: usize, auth: Arc<Auth>) -> Router
         .route("/metrics", metrics)
         .route("/openapi.json", get(move || openapi_json(metrics_public)))
         .merge(crate::queries::routes())
+        .merge(crate::shards::http::routes())
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
         })
@@ -688,6 +689,7 @@ pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
 async fn openapi_json(metrics_public: bool) -> impl IntoResponse {
     let mut doc = ApiDoc::openapi();
     doc.merge(crate::queries::QueriesDoc::openapi());
+    doc.merge(crate::shards::http::ShardsDoc::openapi());
     auth::openapi::declare(&mut doc, metrics_public);
     Json(doc)
 }

@@ -29,6 +29,16 @@ struct Inner {
     estimators: EstimatorStore,
     /// The projections' query side (see [`crate::queries`]).
     queries: QueryHandle,
+    /// The emergency-shard key and reconcile grace, set at start
+    /// (`None`: shards are not served by this process).
+    shards: std::sync::OnceLock<ShardSettings>,
+}
+
+/// What the shard handlers need besides the writers.
+#[derive(Clone, Debug)]
+pub struct ShardSettings {
+    pub signer: Arc<crate::shards::ShardSigner>,
+    pub reconcile_grace_ms: u64,
 }
 
 impl AppState {
@@ -40,6 +50,7 @@ impl AppState {
                 metrics,
                 queries: Default::default(),
                 estimators: Default::default(),
+                shards: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -68,6 +79,24 @@ impl AppState {
         Arc::new(ProjectionSizer {
             estimators: self.inner.estimators.clone(),
             queries: self.inner.queries.clone(),
+        })
+    }
+
+    /// Set once at start; a second call keeps the first.
+    pub fn set_shards(&self, settings: ShardSettings) {
+        let _ = self.inner.shards.set(settings);
+    }
+
+    pub fn shards(&self) -> Result<&ShardSettings, ApiError> {
+        // Only cluster mode serves the shard routes without settings: a
+        // shard must verify on whichever node owns its partition after a
+        // rebalance, which needs one signing key shared by every node.
+        self.inner.shards.get().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "shards_not_in_cluster_mode",
+                "emergency shards are issued by a single-node ledger only, not in cluster mode yet",
+            )
         })
     }
 

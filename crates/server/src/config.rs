@@ -153,6 +153,14 @@ pub struct ServeArgs {
     /// it. 0 or unset = keep every record (about 600 bytes of disk each).
     #[arg(long, env = "RESERVOIR_PROJECTION_RETENTION_SECS")]
     pub projection_retention_secs: Option<u64>,
+    /// Emergency shards: the ed25519 signing key file (64 hex digits, mode
+    /// 0600). Default `<data-dir>/shard-signing.key`, generated on first start.
+    #[arg(long, env = "RESERVOIR_SHARD_KEY_FILE")]
+    pub shard_key_file: Option<PathBuf>,
+    /// Emergency shards: how long after a shard's expiry a reconcile still
+    /// remints its unused units, ms. Default 3600000 (1 h).
+    #[arg(long, env = "RESERVOIR_SHARD_RECONCILE_GRACE_MS")]
+    pub shard_reconcile_grace_ms: Option<u64>,
     /// TLS certificate chain (PEM) for the HTTP listener; with `--tls-key`.
     #[arg(long, env = "RESERVOIR_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -443,6 +451,10 @@ pub struct Config {
     /// `Some`: cluster mode (see [`crate::cluster`]).
     pub cluster: Option<ClusterConfig>,
     pub topic_partitions: u32,
+    /// `None`: `<data_dir>/shard-signing.key` (see `crate::shards::signing`).
+    pub shard_key_file: Option<PathBuf>,
+    /// After a shard's expiry plus this, a reconcile remints nothing (see `crate::shards`).
+    pub shard_reconcile_grace: Duration,
     /// Tokens, node credential, and whether running open is allowed (see [`crate::auth`]).
     pub auth: AuthConfig,
     /// `Some`: TLS on the listener (see [`crate::tls`]).
@@ -488,6 +500,8 @@ impl Default for Config {
             projection_retention: None,
             cluster: None,
             topic_partitions: 8,
+            shard_key_file: None,
+            shard_reconcile_grace: Duration::from_secs(3_600),
             auth: AuthConfig::default(),
             tls: None,
             kafka_properties: Vec::new(),
@@ -580,6 +594,12 @@ impl ServeArgs {
                 .topic_partitions
                 .or(file.topic_partitions)
                 .unwrap_or(base.topic_partitions),
+            shard_key_file: self.shard_key_file.or(file.shard_key_file),
+            shard_reconcile_grace: self
+                .shard_reconcile_grace_ms
+                .or(file.shard_reconcile_grace_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(base.shard_reconcile_grace),
             auth: AuthConfig {
                 tokens_file: self.tokens_file.or(file.tokens_file),
                 insecure_no_auth: self.insecure_no_auth || file.insecure_no_auth,
@@ -634,6 +654,9 @@ impl Config {
             return Err(format!(
                 "topic-partitions must be 1..={MAX_TOPIC_PARTITIONS}"
             ));
+        }
+        if self.shard_reconcile_grace > Duration::from_secs(7 * 24 * 3_600) {
+            return Err("shard-reconcile-grace-ms must be at most 604800000 (7 days)".to_string());
         }
         if let Some(cluster) = &self.cluster {
             if self.tls.is_some() {

@@ -42,6 +42,7 @@ pub mod project;
 pub mod queries;
 pub mod ratelimit;
 pub mod recovery;
+pub mod shards;
 pub mod sizing;
 pub mod snapshot;
 pub mod sweeper;
@@ -120,6 +121,14 @@ pub async fn start_with_clock<L: EventLog>(
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let state = app::AppState::new(telemetry::install());
+    state.set_shards(app::ShardSettings {
+        signer: Arc::new(shards::ShardSigner::load_or_create(
+            &config.data_dir,
+            config.shard_key_file.as_deref(),
+        )?),
+        reconcile_grace_ms: u64::try_from(config.shard_reconcile_grace.as_millis())
+            .unwrap_or(u64::MAX),
+    });
     auth.watch(
         config
             .auth

@@ -286,6 +286,10 @@ pub struct PartitionView {
     /// rollbacks, draining).
     pub moves_out: u64,
     pub moves_in: u64,
+    /// Emergency shards issued from this partition, and shards reconciled
+    /// into it (their unused units reminted here).
+    pub shards_issued: u64,
+    pub shards_reminted: u64,
     pub last_sequence: u64,
     /// The terms; `conservation` here is the full check (the equation and
     /// reserved = Σ held over open reservations): `ok` or the error.
@@ -331,6 +335,8 @@ impl From<&PartitionStatus> for PartitionView {
             drained: p.drained(),
             moves_out: p.moves_out.len() as u64,
             moves_in: p.moves_in.len() as u64,
+            shards_issued: p.shards_issued.len() as u64,
+            shards_reminted: p.shards_reminted.len() as u64,
             last_sequence: p.last_sequence,
             ledger: LedgerView {
                 terms: p.ledger,

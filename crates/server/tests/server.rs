@@ -54,6 +54,8 @@ mod queries;
 mod recovery;
 #[path = "server/shadow.rs"]
 mod shadow;
+#[path = "server/shards.rs"]
+mod shards;
 #[path = "server/sizing.rs"]
 mod sizing;
 #[path = "server/sweepers.rs"]

@@ -19,5 +19,6 @@ mod gateway;
 mod lifecycle;
 mod restart;
 mod scheduler;
+mod shards;
 mod streaming;
 mod unknown;

@@ -127,6 +127,8 @@ pub fn issue(shard: &str, units: Units) -> Command {
         gateway_id: "gw-1".into(),
         boot_epoch: 1,
         expires_at_ms: 1_000_000,
+        fence_epoch: 1,
+        signature: String::new(),
     }
 }
 

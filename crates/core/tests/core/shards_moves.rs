@@ -19,6 +19,28 @@ fn remint(shard: &str, source: &PartitionKey, issued_units: Units, unused_units:
         source: source.clone(),
         issued_units,
         unused_units,
+        // Whatever is not unused was spent (`check_shard_outcome` wants it to add up).
+        spent_units: issued_units.saturating_sub(unused_units),
+        unknown_units: 0,
+        excess_units: 0,
+    }
+}
+
+fn reminted(
+    shard: &str,
+    source: &PartitionKey,
+    issued: Units,
+    unused: Units,
+    units: Units,
+) -> EventBody {
+    EventBody::ShardReminted {
+        shard_id: sid(shard),
+        source: source.clone(),
+        units,
+        issued_units: issued,
+        spent_units: issued - unused,
+        unknown_units: 0,
+        excess_units: 0,
     }
 }
 
@@ -39,6 +61,8 @@ fn shard_issue_moves_available_to_retired_once() {
         gateway_id: "gw-2".into(),
         boot_epoch: 1,
         expires_at_ms: 1_000_000,
+        fence_epoch: 1,
+        signature: String::new(),
     };
     #[rustfmt::skip]
     let table: Vec<(Command, Rejection)> = vec![
@@ -46,7 +70,7 @@ fn shard_issue_moves_available_to_retired_once() {
         (other_gateway,       Rejection::ExistsWithDifferentFields),
         (issue("s2", 7_001),  Rejection::InsufficientCapacity { dimension: reservoir_core::Dimension::Tokens, requested_units: 7_001, available_units: 7_000, retry_after_ms: None }),
         (issue("s2", 0),      Rejection::InvalidInput(InvalidInput::ZeroUnits)),
-        (Command::IssueShard { shard_id: sid("s2"), units: 1, gateway_id: "gw 1".into(), boot_epoch: 1, expires_at_ms: 1 },
+        (Command::IssueShard { shard_id: sid("s2"), units: 1, gateway_id: "gw 1".into(), boot_epoch: 1, expires_at_ms: 1, fence_epoch: 1, signature: String::new() },
                               Rejection::InvalidInput(InvalidInput::IdCharacters { kind: "gateway id" })),
     ];
     for (when, then) in table {
@@ -77,14 +101,7 @@ fn remint_adds_confirmed_unused_units_once() {
     let source = key_for(&emergency_policy());
     let mut h = Harness::open(next_generation(0));
     let events = h.ok(remint("s1", &source, 3_000, 1_200));
-    assert_eq!(
-        events[0].body,
-        EventBody::ShardReminted {
-            shard_id: sid("s1"),
-            source: source.clone(),
-            units: 1_200
-        }
-    );
+    assert_eq!(events[0].body, reminted("s1", &source, 3_000, 1_200, 1_200));
     let l = h.ledger();
     assert_eq!((l.available_units, l.reminted_units), (1_200, 1_200));
     // Duplicate recovery of unused capacity is zero.
@@ -106,15 +123,49 @@ fn remint_adds_confirmed_unused_units_once() {
     // Never above the burst: a full bucket remints nothing (the rest stays retired).
     let mut full = Harness::open(next_generation(9_500));
     let events = full.ok(remint("s1", &source, 3_000, 1_200));
-    assert_eq!(
-        events[0].body,
-        EventBody::ShardReminted {
-            shard_id: sid("s1"),
-            source,
-            units: 500
-        }
-    );
+    assert_eq!(events[0].body, reminted("s1", &source, 3_000, 1_200, 500));
     assert_eq!(full.available(), 10_000);
+}
+
+#[test]
+fn remint_outcomes_must_add_up_and_excess_is_debt() {
+    let source = key_for(&emergency_policy());
+    let outcome = |issued, unused, spent, unknown, excess| Command::RemintShard {
+        shard_id: sid("s9"),
+        source: source.clone(),
+        issued_units: issued,
+        unused_units: unused,
+        spent_units: spent,
+        unknown_units: unknown,
+        excess_units: excess,
+    };
+    let absurd = |units, limit| Rejection::InvalidInput(InvalidInput::AbsurdUnits { units, limit });
+    let mut h = Harness::open(next_generation(1_000));
+    #[rustfmt::skip]
+    let table: Vec<(Command, Rejection)> = vec![
+        // issued, unused, spent, unknown, excess
+        (outcome(100, 60, 30, 11, 0), absurd(101, 100)),
+        (outcome(100, 1, 90, 20, 10), absurd(111, 100)),
+        (outcome(100, 0, 90, 20, 5),  absurd(110, 100)),
+    ];
+    for (when, then) in table {
+        assert_eq!(h.rejected(when), then);
+    }
+    // A late reconcile remints nothing and leaves the rest retired.
+    h.ok(outcome(100, 0, 30, 10, 0));
+    let mut h = Harness::open(next_generation(1_000));
+    h.ok(outcome(100, 0, 100, 20, 20));
+    let l = h.ledger();
+    assert_eq!(
+        (
+            l.available_units,
+            l.reminted_units,
+            l.overdraft_issued_units,
+            l.spent_units
+        ),
+        (1_000, 0, 20, 20)
+    );
+    assert_eq!(l.debt_units(), Some(20));
 }
 
 fn halves(

@@ -59,6 +59,8 @@ fn tampered_events_are_refused_without_touching_state() {
         gateway_id: "gw".into(),
         boot_epoch: 1,
         expires_at_ms: 5,
+        fence_epoch: 1,
+        signature: String::new(),
     };
     let moved_in = EventBody::MovedIn {
         move_id: mid("m"),

@@ -59,7 +59,7 @@ pub const MAX_EVENTS_PER_RECORD: usize = 4096;
 
 /// Current schema id of `io.reservoir.v1.Envelope` (a [`Record`]). Id 1, the
 /// first version, stays readable: its values decode with `usage`/`sizing` null.
-pub const ENVELOPE_ID: u32 = 14;
+pub const ENVELOPE_ID: u32 = 15;
 /// Current schema id of `io.reservoir.v1.Claim`.
 pub const CLAIM_ID: u32 = 2;
 
@@ -220,6 +220,14 @@ pub const REGISTERED_SCHEMAS: &[(u32, &str)] = &[
     (
         14,
         include_str!("../../../../schemas/registered/14-Envelope.avsc"),
+    ),
+    // Envelope v7: signed shards and recorded reconciles:
+    // ShardIssued.fenceEpoch/signature and ShardReminted.issuedUnits/
+    // spentUnits/unknownUnits/excessUnits (defaults 0 and ""), so every
+    // older value decodes as an unsigned shard and an unrecorded spend.
+    (
+        15,
+        include_str!("../../../../schemas/registered/15-Envelope.avsc"),
     ),
 ];
 

@@ -426,12 +426,18 @@ fn read_body(
             gateway_id: f.string("ShardIssued.gatewayId")?,
             boot_epoch: f.u64("ShardIssued.bootEpoch")?,
             expires_at_ms: f.u64("ShardIssued.expiresAtMs")?,
+            fence_epoch: f.u64("ShardIssued.fenceEpoch")?,
+            signature: f.string("ShardIssued.signature")?,
         },
         "ShardReminted" => EventBody::ShardReminted {
             shard_id: ShardId::new(f.string("ShardReminted.shardId")?)
                 .map_err(|e| invalid("ShardReminted.shardId", e))?,
             source: f.key("ShardReminted.source")?,
             units: f.u64("ShardReminted.units")?,
+            issued_units: f.u64("ShardReminted.issuedUnits")?,
+            spent_units: f.u64("ShardReminted.spentUnits")?,
+            unknown_units: f.u64("ShardReminted.unknownUnits")?,
+            excess_units: f.u64("ShardReminted.excessUnits")?,
         },
         "Closed" => EventBody::Closed,
         "MovedOut" => EventBody::MovedOut {

@@ -394,21 +394,33 @@ fn write_body(out: &mut Vec<u8>, body: &EventBody) -> Result<(), CodecError> {
             gateway_id,
             boot_epoch,
             expires_at_ms,
+            fence_epoch,
+            signature,
         } => {
             put_str(out, shard_id.as_str());
             put_u64(out, "units", *units)?;
             put_str(out, gateway_id);
             put_u64(out, "bootEpoch", *boot_epoch)?;
             put_u64(out, "expiresAtMs", *expires_at_ms)?;
+            put_u64(out, "fenceEpoch", *fence_epoch)?;
+            put_str(out, signature);
         }
         EventBody::ShardReminted {
             shard_id,
             source,
             units,
+            issued_units,
+            spent_units,
+            unknown_units,
+            excess_units,
         } => {
             put_str(out, shard_id.as_str());
             write_key(out, source)?;
             put_u64(out, "units", *units)?;
+            put_u64(out, "issuedUnits", *issued_units)?;
+            put_u64(out, "spentUnits", *spent_units)?;
+            put_u64(out, "unknownUnits", *unknown_units)?;
+            put_u64(out, "excessUnits", *excess_units)?;
         }
         EventBody::Closed => {}
         EventBody::MovedOut {

@@ -682,6 +682,12 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                             "epochLength",
                             "rollout",
                             "shadowDimension",
+                            "fenceEpoch",
+                            "signature",
+                            "issuedUnits",
+                            "spentUnits",
+                            "unknownUnits",
+                            "excessUnits",
                         ]
                         .contains(&n.as_str())
                     })
@@ -721,6 +727,27 @@ fn id_1_values_decode_with_usage_and_sizing_none() {
                 } => {
                     with_new_fields += usize::from(sizing.take().is_some());
                     with_new_fields += usize::from(shadow_dimension.take().is_some());
+                }
+                // Shards written before they were signed: no fence, no
+                // signature, and reconciles that recorded no spend.
+                reservoir_core::EventBody::ShardIssued {
+                    fence_epoch,
+                    signature,
+                    ..
+                } => {
+                    with_new_fields += usize::from(!signature.is_empty());
+                    *fence_epoch = 0;
+                    signature.clear();
+                }
+                reservoir_core::EventBody::ShardReminted {
+                    issued_units,
+                    spent_units,
+                    unknown_units,
+                    excess_units,
+                    ..
+                } => {
+                    with_new_fields += usize::from(*issued_units > 0);
+                    (*issued_units, *spent_units, *unknown_units, *excess_units) = (0, 0, 0, 0);
                 }
                 reservoir_core::EventBody::PartitionOpened { policy, .. } => {
                     let default = reservoir_core::retention::DEFAULT_IDEMPOTENCY_WINDOW_MS;

@@ -144,12 +144,18 @@ pub fn every_body() -> Vec<EventBody> {
             gateway_id: "gw-eu-1".to_string(),
             boot_epoch: 4,
             expires_at_ms: 1_784_470_000_000,
+            fence_epoch: 3,
+            signature: "ed25519:00ff".to_string(),
         },
         EventBody::ShardReminted {
             shard_id: ShardId::new("shard-1").unwrap(),
             source: PartitionKey::new("tenant-7", "chat.generate", "2026-07-19T14:00Z", 30)
                 .unwrap(),
             units: 120,
+            issued_units: 500,
+            spent_units: 300,
+            unknown_units: 50,
+            excess_units: 0,
         },
         EventBody::Closed,
         EventBody::MovedOut {

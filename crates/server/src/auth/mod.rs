@@ -80,6 +80,8 @@ pub const GATEWAY: &[Scope] = &[Scope::Gateway];
 pub const SUBJECT_READ: &[Scope] = &[Scope::Operator, Scope::Gateway, Scope::TenantRead];
 /// A tenant's balances, efficiency and diagnosis.
 pub const TENANT_READ: &[Scope] = &[Scope::Operator, Scope::TenantRead];
+/// Issue and reconcile emergency shards (for the subject's gateways).
+pub const SHARD_WRITE: &[Scope] = &[Scope::Operator, Scope::Gateway];
 pub const METRICS: &[Scope] = &[Scope::Operator, Scope::Metrics];
 /// Peer status and id lookups between nodes (and operators).
 pub const NODE: &[Scope] = &[Scope::Operator, Scope::Node];

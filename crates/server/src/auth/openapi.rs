@@ -8,7 +8,7 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, ResponseBuilder};
 
-use super::{Scope, GATEWAY, METRICS, OPERATOR, SUBJECT_READ, TENANT_READ};
+use super::{Scope, GATEWAY, METRICS, OPERATOR, SHARD_WRITE, SUBJECT_READ, TENANT_READ};
 
 /// (method, path, the scopes granting it); operations not listed are public.
 pub const OPERATIONS: &[(&str, &str, &[Scope])] = &[
@@ -30,6 +30,9 @@ pub const OPERATIONS: &[(&str, &str, &[Scope])] = &[
     ("get", "/v1/routes/{route}/shadow", OPERATOR),
     ("get", "/v1/tenants/{tenant}/shadow", TENANT_READ),
     ("get", "/v1/projections/reservations/{id}", SUBJECT_READ),
+    ("post", "/v1/shards", SHARD_WRITE),
+    ("get", "/v1/shards", SUBJECT_READ),
+    ("post", "/v1/shards/{id}/reconcile", SHARD_WRITE),
     ("get", "/metrics", METRICS),
 ];
 

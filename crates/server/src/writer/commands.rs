@@ -89,8 +89,15 @@ impl Shard {
             ))),
             Request::CollectDue { now_ms, refill } => {
                 self.roll_epochs(batch);
+                self.publish_shard_gauges(now_ms);
                 Pending::Ready(Ok(Answer::Due(self.collect_due(now_ms, refill))))
             }
+            Request::IssueShard(req) => self.issue_shard(batch, *req),
+            Request::ReconcileShard(req) => self.reconcile_shard(batch, *req),
+            Request::ListShards { subject, route } => Pending::Ready(Ok(Answer::Shards {
+                shards: self.list_shards(&subject, route.as_deref()),
+                now_ms: self.clock.now_ms(),
+            })),
         }
     }
 
@@ -116,7 +123,7 @@ impl Shard {
         self.clock.now_ms().max(last)
     }
 
-    fn rejected(&self, key: &PartitionKey, rejection: Rejection) -> Failure {
+    pub(super) fn rejected(&self, key: &PartitionKey, rejection: Rejection) -> Failure {
         let policy = self
             .state
             .partitions

@@ -14,6 +14,7 @@
 //! - `commands`: what each request decides or reads against the state.
 //! - `due`: which expiries, execution limits and refills the sweepers should send.
 //! - [`retired`]: the idempotency index, on disk, of records that left memory.
+//! - [`shards`]: emergency shards: issue, reconcile, list.
 //!
 //! `now` is the writer's: read from the injected [`crate::clock::Clock`], made
 //! monotonic per partition (`max(last event time, clock)`), and recorded in the
@@ -26,6 +27,7 @@ mod moves;
 pub mod pipeline;
 pub mod protocol;
 pub mod retired;
+pub mod shards;
 pub mod state;
 
 use std::hash::{Hash, Hasher};

@@ -93,6 +93,15 @@ pub enum Request {
         now_ms: TimestampMs,
         refill: bool,
     },
+    /// Issue an emergency shard from the subject/route's active partition.
+    IssueShard(Box<super::shards::IssueShard>),
+    /// Reconcile a shard: record its spend, remint its unused units once.
+    ReconcileShard(Box<super::shards::ReconcileShard>),
+    /// The shards of a subject (and route).
+    ListShards {
+        subject: String,
+        route: Option<String>,
+    },
 }
 
 /// One partition's state for `GET /v1/partitions`: everything but its
@@ -131,6 +140,17 @@ pub enum Answer {
     Due(Vec<(PartitionKey, Command)>),
     /// A command with no receipt (a sweeper's Refill).
     Done,
+    /// An issued shard (`created` false: a retry answered from the log).
+    Shard {
+        document: Box<crate::shards::ShardDocument>,
+        created: bool,
+    },
+    Reconciled(Box<crate::shards::ReconcileOutcome>),
+    /// Shards and the writer's time when listed (to tell expired ones).
+    Shards {
+        shards: Vec<crate::shards::ShardStatus>,
+        now_ms: TimestampMs,
+    },
 }
 
 /// Why a request failed.

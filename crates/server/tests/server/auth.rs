@@ -132,8 +132,9 @@ pub async fn fixture(tokens: &Tokens, base: &str) -> (String, String) {
         tokens.client(Role::GatewayB),
     );
     for tenant in ["tenant-a", "tenant-b"] {
-        let body =
-            json!({"accounting_epoch": "e1", "policy": policy(tenant, "chat", 1, 100_000, 100)});
+        let mut p = policy(tenant, "chat", 1, 100_000, 100);
+        p.emergency_mode = reservoir_core::EmergencyMode::Enabled;
+        let body = json!({"accounting_epoch": "e1", "policy": p});
         let (s, r, _) = send(&op, base, &Method::POST, "/v1/policies", Some(&body)).await;
         assert_eq!(s, StatusCode::CREATED, "{r}");
     }
@@ -188,6 +189,9 @@ pub async fn fixture(tokens: &Tokens, base: &str) -> (String, String) {
     }
     (at[0].clone(), at[1].clone())
 }
+
+/// A shard id no ledger issued.
+const FORGED_SHARD: &str = "sh-00000000000000000000000000000000";
 
 /// One endpoint, and the status each of [`ROLES`] gets.
 pub struct Row(pub Method, pub String, pub Option<Value>, pub [u16; 7]);
@@ -309,6 +313,43 @@ pub fn table(at_a: &str) -> Vec<Row> {
             &format!("/v1/projections/reservations/res-a{q}"),
             None,
             [401, 401, 200, 404, 200, 200, 403],
+        ),
+        row(
+            &M::POST,
+            "/v1/shards",
+            Some(json!({"subject": "tenant-a", "route": "chat", "units": 10,
+                "gateway_id": "gw-a", "gateway_boot_epoch": 1, "ttl_ms": 60_000})),
+            [401, 401, 201, 403, 403, 201, 403],
+        ),
+        row(
+            &M::GET,
+            "/v1/shards?subject=tenant-a",
+            None,
+            [401, 401, 200, 403, 200, 200, 403],
+        ),
+        // A forged shard: the scope and the subject are checked before the
+        // signature, so only the callers who may reconcile learn it is bad.
+        row(
+            &M::POST,
+            &format!("/v1/shards/{FORGED_SHARD}/reconcile"),
+            Some(json!({
+                "shard": {
+                    "schema": "emergencyShard.v1", "shard_id": FORGED_SHARD,
+                    "partition_key": {"subject": "tenant-a", "route": "chat",
+                        "accounting_epoch": "e1", "policy_generation": 1},
+                    "units": 10, "gateway_id": "gw-a", "gateway_boot_epoch": 1,
+                    "fence_epoch": 1, "issued_at_ms": 1, "expires_at_ms": 2,
+                    "signature": format!("ed25519:{}", "0".repeat(128)),
+                },
+                "gateway_id": "gw-a", "gateway_boot_epoch": 1, "receipts": [],
+            })),
+            [401, 401, 422, 403, 403, 422, 403],
+        ),
+        row(
+            &M::GET,
+            "/v1/shards/public-key",
+            None,
+            [200, 401, 200, 200, 200, 200, 200],
         ),
         row(
             &M::GET,
@@ -554,6 +595,19 @@ async fn tenant_a_learns_nothing_about_tenant_b() {
             Method::POST,
             "/v1/reservations".into(),
             Some(json!({"id": "x-1", "subject": "tenant-B", "route": "chat", "units": 1})),
+        ),
+        (
+            Role::GatewayA,
+            Method::GET,
+            "/v1/shards?subject=tenant-B".into(),
+            None,
+        ),
+        (
+            Role::GatewayA,
+            Method::POST,
+            "/v1/shards".into(),
+            Some(json!({"subject": "tenant-B", "route": "chat", "units": 1,
+                "gateway_id": "gw-a", "gateway_boot_epoch": 1, "ttl_ms": 1_000})),
         ),
         (
             Role::TenantReadA,

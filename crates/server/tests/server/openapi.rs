@@ -43,6 +43,10 @@ async fn openapi_document_matches_the_contract() {
         ("/healthz", "get"),
         ("/readyz", "get"),
         ("/metrics", "get"),
+        ("/v1/shards", "post"),
+        ("/v1/shards", "get"),
+        ("/v1/shards/public-key", "get"),
+        ("/v1/shards/{id}/reconcile", "post"),
     ] {
         assert!(paths.contains(path), "{path} missing from {paths:?}");
         assert!(doc["paths"][path][method].is_object(), "{method} {path}");

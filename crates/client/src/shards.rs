@@ -1,0 +1,640 @@
+//! Emergency shards on the gateway: [`ShardBook`] holds the signed
+//! `emergencyShard.v1` documents the ledger issued to this process, admits
+//! from them (as the client's [`Fallback`]) only while the ledger is
+//! unreachable, keeps each shard's own books, and reconciles them once the
+//! ledger is back.
+//!
+//! Per shard, after every local operation (a broken equation panics, as the
+//! ledger's own do):
+//! `allocated = localAvailable + localReserved + localSpent + localRetired`.
+//! Reserve moves available → reserved; settle moves the held units to spent
+//! (what the call used, at most what it held; use above the hold is counted
+//! apart as `overspent` and reported in full, so the ledger records it as
+//! debt) and the rest back to available; release moves them back; a call
+//! whose usage is unknown moves its hold to retired (never unused). An
+//! expired shard's available moves to retired.
+//!
+//! What admits nothing: a shard whose signature does not verify against the
+//! ledger's public key, one bound to another gateway id, one from another
+//! boot epoch (a restarted process cannot inherit its predecessor's shards),
+//! an expired one, and one being reconciled. Without a usable shard the
+//! client refuses (fails closed). The client consults its fallback only when
+//! no reserve attempt reached the ledger before the retry deadline (the
+//! timeout); [`ShardBook::with_min_failures`] adds a number of such
+//! consecutive failures before the first local admission.
+//!
+//! Reconcile ([`ShardBook::reconcile`]) closes the shard for admission, then
+//! sends its terminal receipts; a lost answer is retried with the same body
+//! and the ledger answers the recorded outcome (reminting once).
+//!
+//! The canonical bytes signed over are the server's
+//! (`reservoir_server::shards::ShardDocument::canonical`); the client's
+//! tests verify shards the real server signed.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+use crate::fallback::{Fallback, LocalHold};
+use crate::types::{ReservationId, ReserveRequest, RouteInfo, Settlement, Sizing};
+
+/// The ledger partition a shard came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardPartitionKey {
+    pub subject: String,
+    pub route: String,
+    pub accounting_epoch: String,
+    pub policy_generation: u64,
+}
+
+/// `emergencyShard.v1`, as the ledger issues it (sent back unchanged on reconcile).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardDocument {
+    pub schema: String,
+    pub shard_id: String,
+    pub partition_key: ShardPartitionKey,
+    pub units: u64,
+    pub gateway_id: String,
+    pub gateway_boot_epoch: u64,
+    pub fence_epoch: u64,
+    pub issued_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub signature: String,
+}
+
+impl ShardDocument {
+    /// The bytes the ledger signed (one `name=value` line per field).
+    pub fn canonical(&self) -> String {
+        let k = &self.partition_key;
+        format!(
+            "reservoir.emergencyShard.v1\nshard_id={}\nsubject={}\nroute={}\naccounting_epoch={}\npolicy_generation={}\nunits={}\ngateway_id={}\nboot_epoch={}\nfence_epoch={}\nissued_at_ms={}\nexpires_at_ms={}",
+            self.shard_id,
+            k.subject,
+            k.route,
+            k.accounting_epoch,
+            k.policy_generation,
+            self.units,
+            self.gateway_id,
+            self.gateway_boot_epoch,
+            self.fence_epoch,
+            self.issued_at_ms,
+            self.expires_at_ms,
+        )
+    }
+
+    /// Whether `key`'s signature covers this document.
+    pub fn verify(&self, key: &VerifyingKey) -> bool {
+        let Some(hex_sig) = self.signature.strip_prefix("ed25519:") else {
+            return false;
+        };
+        let Some(bytes) = hex::decode(hex_sig)
+            .ok()
+            .and_then(|b| <[u8; 64]>::try_from(b).ok())
+        else {
+            return false;
+        };
+        key.verify(self.canonical().as_bytes(), &Signature::from_bytes(&bytes))
+            .is_ok()
+    }
+}
+
+/// Why a shard is not taken into the book.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardRefused {
+    #[error("the shard's signature does not verify against the ledger's key")]
+    BadSignature,
+    #[error("the shard is bound to gateway {0}")]
+    OtherGateway(String),
+    #[error("the shard is bound to boot epoch {0}, this process is another")]
+    OtherBootEpoch(u64),
+    #[error("the shard expired")]
+    Expired,
+    #[error("shard {0} is already in the book")]
+    Duplicate(String),
+    #[error("not a public key: {0}")]
+    BadKey(String),
+}
+
+/// One shard's local books.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardBooks {
+    pub allocated_units: u64,
+    pub local_available_units: u64,
+    pub local_reserved_units: u64,
+    pub local_spent_units: u64,
+    pub local_retired_units: u64,
+    /// Use reported beyond holds (not in the equation: the ledger records it as debt).
+    pub overspent_units: u64,
+}
+
+impl ShardBooks {
+    fn check(&self) {
+        let right = u128::from(self.local_available_units)
+            + u128::from(self.local_reserved_units)
+            + u128::from(self.local_spent_units)
+            + u128::from(self.local_retired_units);
+        assert_eq!(
+            u128::from(self.allocated_units),
+            right,
+            "shard conservation broken: {self:?}"
+        );
+    }
+}
+
+/// A terminal local receipt, as reconcile sends it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalReceipt {
+    pub reservation_id: String,
+    /// `SETTLED`, `RELEASED`, `EXPIRED` or `USAGE_UNKNOWN`.
+    pub state: String,
+    pub used_units: u64,
+}
+
+/// What the ledger recorded for a reconciled shard.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct ReconcileOutcome {
+    pub shard_id: String,
+    pub outcome: String,
+    pub issued_units: u64,
+    pub spent_units: u64,
+    pub unknown_units: u64,
+    pub reminted_units: u64,
+    pub retired_units: u64,
+    pub excess_units: u64,
+    /// False when the ledger had recorded this reconcile before (a retry).
+    pub created: bool,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Active,
+    /// Reconcile began: admits nothing; the receipts are fixed.
+    Reconciling,
+    Reconciled(ReconcileOutcome),
+}
+
+#[derive(Debug)]
+struct Entry {
+    document: ShardDocument,
+    books: ShardBooks,
+    /// Open local reservations: id → held units.
+    open: BTreeMap<String, u64>,
+    receipts: Vec<LocalReceipt>,
+    phase: Phase,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    shards: BTreeMap<String, Entry>,
+    /// Fallback calls since the ledger was last known reachable.
+    failures: u32,
+}
+
+/// Why a reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("no shard {0} in the book")]
+    UnknownShard(String),
+    #[error("{0} local reservations are still open; settle or release them first")]
+    OpenReservations(usize),
+    #[error(
+        "the ledger could not be reached or answered 503: {0} (retry: the same receipts are sent)"
+    )]
+    Unavailable(String),
+    #[error("the ledger refused the reconcile: {status} {body}")]
+    Refused { status: u16, body: String },
+}
+
+/// The gateway's emergency shards (see the module docs).
+pub struct ShardBook {
+    gateway_id: String,
+    boot_epoch: u64,
+    key: VerifyingKey,
+    min_failures: u32,
+    now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
+    state: Arc<Mutex<State>>,
+}
+
+fn system_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl ShardBook {
+    /// A book for this process (`gateway_id`, `boot_epoch`), trusting shards
+    /// signed by `public_key_hex` (`GET /v1/shards/public-key`).
+    pub fn new(
+        gateway_id: &str,
+        boot_epoch: u64,
+        public_key_hex: &str,
+    ) -> Result<Self, ShardRefused> {
+        let bytes: [u8; 32] = hex::decode(public_key_hex)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| ShardRefused::BadKey(public_key_hex.to_string()))?;
+        let key =
+            VerifyingKey::from_bytes(&bytes).map_err(|e| ShardRefused::BadKey(e.to_string()))?;
+        Ok(ShardBook {
+            gateway_id: gateway_id.to_string(),
+            boot_epoch,
+            key,
+            min_failures: 1,
+            now_ms: Arc::new(system_now_ms),
+            state: Arc::default(),
+        })
+    }
+
+    /// Admit locally only from the `n`th consecutive unreachable reserve on.
+    pub fn with_min_failures(mut self, n: u32) -> Self {
+        self.min_failures = n.max(1);
+        self
+    }
+
+    /// The clock expiry is judged by (default: the system clock).
+    pub fn with_clock(mut self, now_ms: Arc<dyn Fn() -> u64 + Send + Sync>) -> Self {
+        self.now_ms = now_ms;
+        self
+    }
+
+    /// The ledger answered: the count of consecutive failures starts again.
+    pub fn note_ledger_reachable(&self) {
+        self.state.lock().expect("shard book lock").failures = 0;
+    }
+
+    /// Takes a shard into the book after checking its signature and binding.
+    pub fn install(&self, document: ShardDocument) -> Result<(), ShardRefused> {
+        if !document.verify(&self.key) {
+            return Err(ShardRefused::BadSignature);
+        }
+        if document.gateway_id != self.gateway_id {
+            return Err(ShardRefused::OtherGateway(document.gateway_id));
+        }
+        if document.gateway_boot_epoch != self.boot_epoch {
+            return Err(ShardRefused::OtherBootEpoch(document.gateway_boot_epoch));
+        }
+        if (self.now_ms)() >= document.expires_at_ms {
+            return Err(ShardRefused::Expired);
+        }
+        let mut state = self.state.lock().expect("shard book lock");
+        if state.shards.contains_key(&document.shard_id) {
+            return Err(ShardRefused::Duplicate(document.shard_id));
+        }
+        let books = ShardBooks {
+            allocated_units: document.units,
+            local_available_units: document.units,
+            ..Default::default()
+        };
+        books.check();
+        state.shards.insert(
+            document.shard_id.clone(),
+            Entry {
+                document,
+                books,
+                open: BTreeMap::new(),
+                receipts: Vec::new(),
+                phase: Phase::Active,
+            },
+        );
+        Ok(())
+    }
+
+    /// Asks the ledger for a shard bound to this process and installs it.
+    pub async fn issue(
+        &self,
+        http: &reqwest::Client,
+        base_url: &str,
+        subject: &str,
+        route: &str,
+        units: u64,
+        ttl_ms: u64,
+    ) -> Result<ShardDocument, ReconcileError> {
+        let body = serde_json::json!({
+            "subject": subject, "route": route, "units": units,
+            "gateway_id": self.gateway_id, "gateway_boot_epoch": self.boot_epoch,
+            "ttl_ms": ttl_ms,
+        });
+        let url = format!("{}/v1/shards", base_url.trim_end_matches('/'));
+        let response = http
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
+        let status = response.status().as_u16();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
+        if status != 200 && status != 201 {
+            return Err(ReconcileError::Refused { status, body: text });
+        }
+        let document: ShardDocument =
+            serde_json::from_str(&text).map_err(|e| ReconcileError::Refused {
+                status,
+                body: format!("unreadable shard: {e}"),
+            })?;
+        self.install(document.clone())
+            .map_err(|e| ReconcileError::Refused {
+                status,
+                body: format!("issued shard not usable: {e}"),
+            })?;
+        Ok(document)
+    }
+
+    /// One shard's books (`None`: not in the book).
+    pub fn books(&self, shard_id: &str) -> Option<ShardBooks> {
+        let state = self.state.lock().expect("shard book lock");
+        state.shards.get(shard_id).map(|e| e.books)
+    }
+
+    /// The terminal receipts a reconcile of `shard_id` would send.
+    pub fn receipts(&self, shard_id: &str) -> Vec<LocalReceipt> {
+        let state = self.state.lock().expect("shard book lock");
+        state
+            .shards
+            .get(shard_id)
+            .map(|e| e.receipts.clone())
+            .unwrap_or_default()
+    }
+
+    /// A local call whose usage cannot be known: its hold stays retired.
+    pub fn mark_usage_unknown(&self, reservation_id: &str) -> bool {
+        let mut state = self.state.lock().expect("shard book lock");
+        for entry in state.shards.values_mut() {
+            if let Some(held) = entry.open.remove(reservation_id) {
+                entry.books.local_reserved_units -= held;
+                entry.books.local_retired_units += held;
+                entry.receipts.push(LocalReceipt {
+                    reservation_id: reservation_id.to_string(),
+                    state: "USAGE_UNKNOWN".into(),
+                    used_units: held,
+                });
+                entry.books.check();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Retires the available units of every expired shard.
+    fn retire_expired(state: &mut State, now_ms: u64) {
+        for entry in state.shards.values_mut() {
+            if now_ms >= entry.document.expires_at_ms && entry.books.local_available_units > 0 {
+                entry.books.local_retired_units += entry.books.local_available_units;
+                entry.books.local_available_units = 0;
+                entry.books.check();
+            }
+        }
+    }
+
+    /// Reconciles `shard_id`: closes it for admission, sends the terminal
+    /// receipts, and keeps the ledger's answer. Call again after an
+    /// [`ReconcileError::Unavailable`]: the same receipts go out, and the
+    /// ledger remints at most once.
+    pub async fn reconcile(
+        &self,
+        http: &reqwest::Client,
+        base_url: &str,
+        shard_id: &str,
+    ) -> Result<ReconcileOutcome, ReconcileError> {
+        let body = {
+            let mut state = self.state.lock().expect("shard book lock");
+            Self::retire_expired(&mut state, (self.now_ms)());
+            let entry = state
+                .shards
+                .get_mut(shard_id)
+                .ok_or_else(|| ReconcileError::UnknownShard(shard_id.to_string()))?;
+            if let Phase::Reconciled(outcome) = &entry.phase {
+                return Ok(outcome.clone());
+            }
+            if !entry.open.is_empty() {
+                return Err(ReconcileError::OpenReservations(entry.open.len()));
+            }
+            entry.phase = Phase::Reconciling;
+            serde_json::json!({
+                "shard": entry.document,
+                "gateway_id": self.gateway_id,
+                "gateway_boot_epoch": self.boot_epoch,
+                "receipts": entry.receipts,
+            })
+        };
+        let url = format!(
+            "{}/v1/shards/{shard_id}/reconcile",
+            base_url.trim_end_matches('/')
+        );
+        let response = http
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
+        let status = response.status().as_u16();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
+        if status == 503 {
+            return Err(ReconcileError::Unavailable(text));
+        }
+        if status != 200 && status != 201 {
+            return Err(ReconcileError::Refused { status, body: text });
+        }
+        let outcome: ReconcileOutcome =
+            serde_json::from_str(&text).map_err(|e| ReconcileError::Refused {
+                status,
+                body: format!("unreadable answer: {e}"),
+            })?;
+        let mut state = self.state.lock().expect("shard book lock");
+        state.failures = 0;
+        if let Some(entry) = state.shards.get_mut(shard_id) {
+            entry.phase = Phase::Reconciled(outcome.clone());
+        }
+        Ok(outcome)
+    }
+
+    /// Units a request holds locally: its own units, or counted input plus
+    /// the output limit (the request's, else the route's default). A request
+    /// with no bound on its output is not admitted offline.
+    fn units_of(request: &ReserveRequest, route: Option<&RouteInfo>) -> Option<u64> {
+        match request.sizing {
+            Sizing::Units(units) => Some(units),
+            Sizing::Tokens {
+                counted_input_tokens,
+                max_tokens,
+            } => {
+                let output = max_tokens.or(route.and_then(|r| r.default_max_tokens))?;
+                counted_input_tokens.checked_add(output)
+            }
+        }
+    }
+}
+
+impl Fallback for ShardBook {
+    fn reserve(
+        &self,
+        id: &ReservationId,
+        request: &ReserveRequest,
+        route: Option<&RouteInfo>,
+    ) -> Option<Box<dyn LocalHold>> {
+        let units = Self::units_of(request, route).filter(|&u| u > 0)?;
+        let now = (self.now_ms)();
+        let mut state = self.state.lock().expect("shard book lock");
+        state.failures = state.failures.saturating_add(1);
+        if state.failures < self.min_failures {
+            return None;
+        }
+        Self::retire_expired(&mut state, now);
+        let (shard_id, entry) = state.shards.iter_mut().find(|(_, e)| {
+            let k = &e.document.partition_key;
+            matches!(e.phase, Phase::Active)
+                && k.subject == request.subject
+                && k.route == request.route
+                && e.document.gateway_id == self.gateway_id
+                && e.document.gateway_boot_epoch == self.boot_epoch
+                && now < e.document.expires_at_ms
+                && e.books.local_available_units >= units
+                && !e.open.contains_key(id.as_str())
+        })?;
+        entry.books.local_available_units -= units;
+        entry.books.local_reserved_units += units;
+        entry.open.insert(id.as_str().to_string(), units);
+        entry.books.check();
+        Some(Box::new(ShardHold {
+            state: self.state.clone(),
+            shard_id: shard_id.clone(),
+            reservation_id: id.as_str().to_string(),
+            units,
+        }))
+    }
+}
+
+/// A local reservation on a shard.
+struct ShardHold {
+    state: Arc<Mutex<State>>,
+    shard_id: String,
+    reservation_id: String,
+    units: u64,
+}
+
+impl ShardHold {
+    /// Moves the hold out of `open`, if still there (settled or released once).
+    fn finish(&self, state_name: &str, used_units: u64) {
+        let mut state = self.state.lock().expect("shard book lock");
+        let Some(entry) = state.shards.get_mut(&self.shard_id) else {
+            return;
+        };
+        let Some(held) = entry.open.remove(&self.reservation_id) else {
+            return;
+        };
+        let spent = used_units.min(held);
+        entry.books.local_reserved_units -= held;
+        entry.books.local_spent_units += spent;
+        entry.books.overspent_units += used_units - spent;
+        // Unused: back to available, unless the shard expired meanwhile.
+        entry.books.local_available_units += held - spent;
+        entry.receipts.push(LocalReceipt {
+            reservation_id: self.reservation_id.clone(),
+            state: state_name.to_string(),
+            used_units,
+        });
+        entry.books.check();
+    }
+}
+
+impl LocalHold for ShardHold {
+    fn units(&self) -> u64 {
+        self.units
+    }
+
+    fn settle(&self, settlement: &Settlement) {
+        self.finish("SETTLED", settlement.actual_units);
+    }
+
+    fn release(&self) {
+        self.finish("RELEASED", 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::{Signer, SigningKey};
+
+    fn signed(key: &SigningKey, units: u64) -> ShardDocument {
+        let mut d = ShardDocument {
+            schema: "emergencyShard.v1".into(),
+            shard_id: "sh-1".into(),
+            partition_key: ShardPartitionKey {
+                subject: "t".into(),
+                route: "r".into(),
+                accounting_epoch: "e".into(),
+                policy_generation: 1,
+            },
+            units,
+            gateway_id: "gw".into(),
+            gateway_boot_epoch: 1,
+            fence_epoch: 1,
+            issued_at_ms: 1_000,
+            expires_at_ms: 2_000,
+            signature: String::new(),
+        };
+        let sig = key.sign(d.canonical().as_bytes());
+        d.signature = format!("ed25519:{}", hex::encode(sig.to_bytes()));
+        d
+    }
+
+    /// Use above a hold is reported in full (the ledger records it as debt)
+    /// but never enters the shard's equation; an unknown call's hold stays
+    /// retired; the receipts say what each call did.
+    #[test]
+    fn local_books_through_settle_above_the_hold_and_unknown_usage() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let book = ShardBook::new("gw", 1, &hex::encode(key.verifying_key().to_bytes()))
+            .unwrap()
+            .with_clock(Arc::new(|| 1_500));
+        book.install(signed(&key, 100)).unwrap();
+        let request = ReserveRequest::units("t", "r", 40);
+        let a = book
+            .reserve(&ReservationId::new("a").unwrap(), &request, None)
+            .unwrap();
+        let b = book
+            .reserve(&ReservationId::new("b").unwrap(), &request, None)
+            .unwrap();
+        assert!(book
+            .reserve(&ReservationId::new("c").unwrap(), &request, None)
+            .is_none());
+        a.settle(&Settlement {
+            actual_units: 55,
+            operation_id: None,
+            usage: None,
+        });
+        a.release(); // already finished: nothing moves
+        assert!(book.mark_usage_unknown("b"));
+        b.release(); // likewise
+        let books = book.books("sh-1").unwrap();
+        #[rustfmt::skip]
+        assert_eq!(books, ShardBooks { allocated_units: 100, local_available_units: 20, local_reserved_units: 0,
+            local_spent_units: 40, local_retired_units: 40, overspent_units: 15 });
+        let receipts: Vec<(String, String, u64)> = book
+            .receipts("sh-1")
+            .into_iter()
+            .map(|r| (r.reservation_id, r.state, r.used_units))
+            .collect();
+        assert_eq!(
+            receipts,
+            [
+                ("a".to_string(), "SETTLED".to_string(), 55),
+                ("b".to_string(), "USAGE_UNKNOWN".to_string(), 40)
+            ]
+        );
+        // A sized request with no bound on its output is not admitted offline.
+        let unbounded = ReserveRequest::tokens("t", "r", 5, None);
+        assert!(book
+            .reserve(&ReservationId::new("d").unwrap(), &unbounded, None)
+            .is_none());
+    }
+}
