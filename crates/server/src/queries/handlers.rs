@@ -11,6 +11,7 @@ use super::*;
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No partition of this tenant in the projection", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn tenant_balances(
     Projected {
@@ -33,6 +34,7 @@ pub async fn tenant_balances(
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No partition of this route in the projection", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn route_balances(
     Projected {
@@ -84,6 +86,7 @@ fn balances(
         (status = 200, body = EstimateView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn route_estimate(
     Projected {
@@ -142,6 +145,7 @@ pub async fn route_estimate(
         (status = 200, body = EfficiencyView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn route_efficiency(
     Projected {
@@ -168,6 +172,7 @@ pub async fn route_efficiency(
         (status = 200, body = EfficiencyView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn tenant_efficiency(
     Projected {
@@ -196,6 +201,7 @@ pub async fn tenant_efficiency(
         (status = 200, body = DiagnosisView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn tenant_diagnosis(
     Projected {
@@ -234,6 +240,7 @@ pub async fn tenant_diagnosis(
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Not in the projection", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn reservation(
     principal: crate::auth::Principal,

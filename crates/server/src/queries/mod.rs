@@ -9,8 +9,10 @@
 //! log partition 0): the `log_position` of a write's answer. The query waits
 //! until the projection has consumed that entry, so the answer is no older than
 //! the write; after `?wait_ms=` (default 2000, at most 10000) it answers 503
-//! `projection_behind` with `Retry-After` instead. Bad parameters are 400
-//! `invalid_query`.
+//! `projection_behind` with `Retry-After` instead. A position the log does not
+//! hold (at or past its end: no write ever answered it) is 409
+//! `position_beyond_log` at once, not after a wait no projector can end. Bad
+//! parameters are 400 `invalid_query`.
 //!
 //! The projector reads every log partition through the fence rule, so the same
 //! code serves the embedded log, the memory log and a single node on Kafka. If
@@ -88,6 +90,26 @@ impl Default for Published {
 struct Live {
     projections: Projections,
     log_partitions: u32,
+    /// The end of a log partition as the projector's log sees it: a
+    /// `min_position` at or past it names no entry that was ever written.
+    log_end: LogEnd,
+}
+
+/// [`EventReader::end_offset`] of the log the projector follows, type-erased.
+type LogEnd = Arc<
+    dyn Fn(
+            u32,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<u64, reservoir_log::LogError>> + Send>,
+        > + Send
+        + Sync,
+>;
+
+fn log_end<L: EventReader>(log: Arc<L>) -> LogEnd {
+    Arc::new(move |lp| {
+        let log = log.clone();
+        Box::pin(async move { log.end_offset(lp).await })
+    })
 }
 
 impl QueryHandle {
@@ -280,6 +302,7 @@ async fn follow<L: EventReader>(
                         handle.set(Some(Live {
                             projections: projector.projections(),
                             log_partitions: log.log_partitions(),
+                            log_end: log_end(log.clone()),
                         }));
                         projector.run(stop.clone()).await
                     }

@@ -96,11 +96,24 @@ pub(super) async fn projection(queries: &QueryHandle, c: &Consistency) -> Result
     };
     if let Some(position) = c.min_position {
         if position.log_partition >= live.log_partitions {
-            return Err(bad_query(format!(
-                "min_position names log partition {} of {}",
-                position.log_partition, live.log_partitions
-            )));
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "position_beyond_log",
+                format!(
+                    "min_position names log partition {}, and the log has {} (0 to {})",
+                    position.log_partition,
+                    live.log_partitions,
+                    live.log_partitions.saturating_sub(1)
+                ),
+            ));
         }
+        beyond_the_log(
+            &live,
+            position,
+            c.wait_ms
+                .saturating_sub(started.elapsed().as_millis() as u64),
+        )
+        .await?;
         match live
             .projections
             .wait_for_position(
@@ -130,6 +143,38 @@ pub(super) async fn projection(queries: &QueryHandle, c: &Consistency) -> Result
         }
     }
     Ok(live)
+}
+
+/// How long a position past the log's end may take to appear in this
+/// process's view of the log before it is answered as beyond it: a secondary
+/// of the embedded log learns of new entries only when it catches up, and
+/// a position a client holds was written before it asked.
+const LOG_END_GRACE: Duration = Duration::from_millis(300);
+
+/// 409 `position_beyond_log` when `position` is at or past the end of its log
+/// partition (after at most [`LOG_END_GRACE`], or `wait_ms` if shorter).
+async fn beyond_the_log(live: &Live, position: Position, wait_ms: u64) -> Result<(), ApiError> {
+    let lp = position.log_partition;
+    let deadline = tokio::time::Instant::now() + LOG_END_GRACE.min(Duration::from_millis(wait_ms));
+    loop {
+        let end = (live.log_end)(lp)
+            .await
+            .map_err(|e| ApiError::unavailable(format!("log end of partition {lp}: {e}")))?;
+        if position.offset < end {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "position_beyond_log",
+                format!(
+                    "min_position {lp}:{} is past the end of log partition {lp} (its next offset is {end}): no write was answered with it",
+                    position.offset
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 pub(super) fn projected_to(live: &Live) -> Result<Vec<u64>, ApiError> {

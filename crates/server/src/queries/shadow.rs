@@ -112,6 +112,7 @@ async fn shadow(scope: &str, p: Projected<ShadowParams>) -> Result<Response, Api
         (status = 200, body = ShadowView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn route_shadow(p: Projected<ShadowParams>) -> Result<Response, ApiError> {
     shadow("route", p).await
@@ -127,6 +128,7 @@ pub async fn route_shadow(p: Projected<ShadowParams>) -> Result<Response, ApiErr
         (status = 200, body = ShadowView),
         (status = 400, description = "Bad parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The projection did not reach min_position in time; see Retry-After", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "min_position is past the end of the log (position_beyond_log)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn tenant_shadow(p: Projected<ShadowParams>) -> Result<Response, ApiError> {
     shadow("tenant", p).await

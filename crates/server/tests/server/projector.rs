@@ -528,13 +528,13 @@ async fn cluster_nodes_answer_queries_from_their_own_projection() {
         let b = assert_same_balances(&bases[0], &bases[1], tenant, at).await;
         assert_balances_conserved(&b);
     }
-    // A position the topic has not reached yet: 503 with Retry-After, locally.
+    // A position the topic has not reached: 409, from the topic's own end.
     let (status, body) = get(
         &bases[1],
         "/v1/tenants/t0/balances?min_position=0:999999999&wait_ms=50",
     )
     .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(problem_type(&body), "projection_behind", "{body}");
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(problem_type(&body), "position_beyond_log", "{body}");
     drop(nodes);
 }

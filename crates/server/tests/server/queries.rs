@@ -258,7 +258,7 @@ async fn queries_follow_a_lifecycle() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_future_position_times_out_and_bad_params_are_400() {
+async fn a_position_past_the_log_is_409_at_once_and_bad_params_are_400() {
     let (s, _log, _dir) = TestServer::memory().await;
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     let (_, r) = s.reserve("a", "t", "r", 10).await;
@@ -272,42 +272,52 @@ async fn a_future_position_times_out_and_bad_params_are_400() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
+    // Past the end of the log no wait helps: answered without waiting out
+    // the 10 s asked for (it would be a 503 `projection_behind` after it).
     let started = std::time::Instant::now();
     let response = s
         .client
         .get(format!(
-            "{}/v1/tenants/t/balances?min_position=0:{}&wait_ms=300",
+            "{}/v1/tenants/t/balances?min_position=0:{}&wait_ms=10000",
             s.base,
             offset + 1_000
         ))
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
     assert_eq!(
         response.headers()["content-type"],
         "application/problem+json"
     );
-    assert_eq!(response.headers()["retry-after"], "1");
     let (_, body) = split(response).await;
-    assert_eq!(problem_type(&body), "projection_behind", "{body}");
-    assert_eq!(body["retryable"], true);
-
-    // The default wait is bounded too, and wait_ms=0 answers at once.
+    assert_eq!(problem_type(&body), "position_beyond_log", "{body}");
+    assert_eq!(body["retryable"], false);
+    // The log's own end is the bound: the next offset is past it, the last
+    // written one is not.
     let (status, body) = s
         .get(&format!(
             "/v1/routes/r/efficiency?min_position={}&wait_ms=0",
-            offset + 5
+            offset + 1
         ))
         .await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = s
+        .get(&format!(
+            "/v1/tenants/t/balances?min_position={offset}&wait_ms=0"
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // A log partition the log does not have is past its end too.
+    let (status, body) = s.get("/v1/tenants/t/balances?min_position=7:1").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(problem_type(&body), "position_beyond_log", "{body}");
 
     for bad in [
         "/v1/tenants/t/balances?min_position=abc",
         "/v1/tenants/t/balances?min_position=0:",
         "/v1/tenants/t/balances?min_position=-1",
-        "/v1/tenants/t/balances?min_position=7:1",
         "/v1/tenants/t/balances?wait_ms=10001",
         "/v1/tenants/t/balances?wait_ms=soon",
         "/v1/tenants/t/balances?unknown=1",
