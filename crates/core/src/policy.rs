@@ -14,6 +14,10 @@ use crate::types::{TimestampMs, Units};
 /// and anything bigger is rejected as absurd input rather than wrapped.
 pub const MAX_UNITS: Units = 1 << 53;
 
+/// Highest policy generation: like [`MAX_UNITS`], exact in every JSON number
+/// and far inside the signed 64-bit integers the log records.
+pub const MAX_GENERATION: u64 = 1 << 53;
+
 /// Longest time span (hold TTL, execution limit, refill interval) a policy may name: 30 days.
 pub const MAX_SPAN_MS: u64 = 30 * 24 * 3_600_000;
 
@@ -166,6 +170,9 @@ impl Policy {
         }
         if self.estimator_digest.len() > 256 {
             return bad("estimator_digest");
+        }
+        if self.generation > MAX_GENERATION {
+            return bad("generation");
         }
         self.limit(0).validate(&PRIMARY_FIELDS)?;
         if self.hold_ttl_ms == 0 || self.hold_ttl_ms > MAX_SPAN_MS {

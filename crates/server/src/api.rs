@@ -687,18 +687,14 @@ pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn openapi_json(metrics_public: bool) -> impl IntoResponse {
-    let mut doc = ApiDoc::openapi();
-    doc.merge(crate::queries::QueriesDoc::openapi());
-    doc.merge(crate::shards::http::ShardsDoc::openapi());
-    auth::openapi::declare(&mut doc, metrics_public);
-    Json(doc)
+    Json(crate::openapi::document(metrics_public))
 }
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "Reservoir",
-        description = "Event-sourced capacity ledger for LLM rate limits. Errors are RFC 9457 application/problem+json. Callers send `Authorization: Bearer <token>`; each operation's `security` names the scopes that grant it (gateway and tenant-read reach only the token's subjects)."
+        description = "Event-sourced capacity ledger for LLM rate limits. Errors are RFC 9457 application/problem+json. Callers send `Authorization: Bearer <token>`; each operation's `security` names the scopes that grant it (gateway and tenant-read reach only the token's subjects). Integers are written without a fraction part (`759`, not `759.0`). Rules across fields (opening_units at most burst_units, an estimator's floor at most its ceiling, a reconcile's path and body naming one shard) are the server's: a body that breaks one is 422 with the rule in `detail`."
     ),
     paths(
         publish_policy,

@@ -198,38 +198,53 @@ pub struct ReleaseBody {}
 pub struct PolicyDoc {
     subject: String,
     route: String,
+    #[schema(min_length = 1, max_length = 128)]
     region: String,
     capacity_unit: CapacityUnitDoc,
     refill: RefillRuleDoc,
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     burst_units: u64,
+    /// At most `burst_units`.
+    #[schema(maximum = 9_007_199_254_740_992_u64)]
     opening_units: u64,
+    #[schema(max_length = 256)]
     estimator_digest: String,
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     max_reservation_units: u64,
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     hold_ttl_ms: u64,
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     hard_execution_limit_ms: u64,
+    #[schema(maximum = 9_007_199_254_740_992_u64)]
     max_overdraft_units: u64,
+    #[schema(maximum = 4_294_967_295_u64)]
     priority: u32,
     emergency_mode: EmergencyModeDoc,
     shadow_mode: bool,
+    #[schema(maximum = 9_007_199_254_740_992_u64)]
     generation: u64,
     /// Optional (default 600000 = 10 minutes): how long a finished
     /// reservation's record stays in memory; retries after it are answered
     /// from the on-disk idempotency index.
-    idempotency_window_ms: Option<u64>,
+    #[schema(required = false, minimum = 1, maximum = 2_592_000_000_u64)]
+    idempotency_window_ms: u64,
     /// Optional: further dimensions limited beside the primary one
     /// (`capacity_unit` and the fields above), each with its own bucket; one
     /// reservation holds in all of them at once.
-    dimensions: Option<Vec<DimensionLimitDoc>>,
+    #[schema(required = false, max_items = 3)]
+    dimensions: Vec<DimensionLimitDoc>,
     /// Optional (default false): leave cache-read input tokens out of the
     /// input dimensions at settle.
-    exclude_cache_read_input_tokens: Option<bool>,
+    #[schema(required = false)]
+    exclude_cache_read_input_tokens: bool,
     /// Optional: how reserves without units are sized (the publish writes
     /// the defaults in when none is given), in the log with the policy.
     estimator: Option<EstimatorBody>,
     /// Optional (default `none`): `hourly`, `daily` or `monthly` (UTC) to have
     /// the writer open the next accounting epoch's partition at each boundary
     /// and move capacity and debt into it.
-    epoch_length: Option<EpochLengthDoc>,
+    #[schema(required = false)]
+    epoch_length: EpochLengthDoc,
     /// Optional: staged rollout. Unless `shadow_mode`, the policy enforces
     /// on its route only if FNV-1a-64(salt, newline, route) mod 1,000,000 is
     /// below `enforced_per_million`, and runs in shadow otherwise (receipts
@@ -241,8 +256,10 @@ pub struct PolicyDoc {
 #[derive(ToSchema)]
 pub struct RolloutDoc {
     /// Routes enforced, in parts per million (0 to 1,000,000).
+    #[schema(maximum = 1_000_000)]
     enforced_per_million: u32,
     /// Chooses which routes; the same salt keeps the same routes enforced.
+    #[schema(max_length = 128)]
     salt: String,
 }
 
@@ -261,18 +278,26 @@ pub enum EpochLengthDoc {
 pub struct DimensionLimitDoc {
     /// `requests`, `input_tokens`, `output_tokens` or `tokens` (each at most
     /// once per policy, and not the primary's).
+    #[schema(pattern = "^(requests|input_tokens|output_tokens|tokens)$")]
     dimension: String,
     refill: RefillRuleDoc,
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     burst_units: u64,
+    /// At most `burst_units`.
+    #[schema(maximum = 9_007_199_254_740_992_u64)]
     opening_units: u64,
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     max_reservation_units: u64,
+    #[schema(maximum = 9_007_199_254_740_992_u64)]
     max_overdraft_units: u64,
 }
 
 #[allow(dead_code)]
 #[derive(ToSchema)]
 pub struct RefillRuleDoc {
+    #[schema(maximum = 9_007_199_254_740_992_u64)]
     units: u64,
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     interval_ms: u64,
 }
 

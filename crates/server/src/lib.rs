@@ -37,6 +37,7 @@ pub mod bodies;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod openapi;
 pub mod problem;
 pub mod project;
 pub mod queries;

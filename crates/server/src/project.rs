@@ -137,7 +137,7 @@ async fn openapi_json(metrics_public: bool) -> Response {
     use utoipa::OpenApi;
     let mut doc = queries::QueriesDoc::openapi();
     crate::auth::openapi::declare(&mut doc, metrics_public);
-    Json(doc).into_response()
+    Json(crate::openapi::constrained(doc)).into_response()
 }
 
 /// Connects to `topic` once it exists; never creates it (the writers do, with

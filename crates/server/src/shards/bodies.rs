@@ -28,10 +28,13 @@ pub(super) fn invalid(code: &str, detail: impl Into<String>) -> ApiError {
 pub struct IssueShardBody {
     pub subject: String,
     pub route: String,
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     pub units: u64,
     pub gateway_id: String,
+    #[schema(maximum = 9_223_372_036_854_775_807_u64)]
     pub gateway_boot_epoch: u64,
     /// The shard admits nothing after issue + this (1..=86400000).
+    #[schema(minimum = 1, maximum = 86_400_000)]
     pub ttl_ms: u64,
     /// Name the shard to make a retried issue idempotent; by default the
     /// server picks a random id.
@@ -44,6 +47,7 @@ pub struct IssueShardBody {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShardDocumentView {
+    #[schema(pattern = "^emergencyShard\\.v1$")]
     pub schema: String,
     pub shard_id: String,
     pub partition_key: PartitionKeyView,

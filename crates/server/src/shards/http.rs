@@ -46,6 +46,19 @@ fn unexpected(answer: Answer) -> ApiError {
     )
 }
 
+/// The log records a boot epoch as a signed 64-bit integer.
+pub const MAX_BOOT_EPOCH: u64 = i64::MAX as u64;
+
+fn boot_epoch_fits(boot_epoch: u64) -> Result<(), ApiError> {
+    if boot_epoch > MAX_BOOT_EPOCH {
+        return Err(invalid(
+            "invalid_input",
+            format!("gateway_boot_epoch must be at most {MAX_BOOT_EPOCH}"),
+        ));
+    }
+    Ok(())
+}
+
 /// A random shard id: `sh-` and 32 hex digits.
 fn random_shard_id() -> Result<ShardId, ApiError> {
     let mut bytes = [0u8; 16];
@@ -78,6 +91,7 @@ pub async fn issue(
         .map_err(|e| invalid("invalid_input", e.to_string()))?;
     reservoir_core::validate_id("gateway id", &body.gateway_id)
         .map_err(|e| invalid("invalid_input", e.to_string()))?;
+    boot_epoch_fits(body.gateway_boot_epoch)?;
     if !(1..=MAX_SHARD_TTL_MS).contains(&body.ttl_ms) {
         return Err(invalid(
             "invalid_input",
@@ -172,6 +186,7 @@ pub async fn reconcile(
     }
     reservoir_core::validate_id("gateway id", &body.gateway_id)
         .map_err(|e| invalid("invalid_input", e.to_string()))?;
+    boot_epoch_fits(body.gateway_boot_epoch)?;
     let totals = totals(&body.receipts)?;
     let shard = writers.shard_of_key(&presented.source);
     let request = Request::ReconcileShard(Box::new(ReconcileShard {
@@ -211,8 +226,16 @@ pub async fn list(
     principal.require_subject(SUBJECT_READ, &params.subject)?;
     state.shards()?;
     let writers = state.writers()?;
-    reservoir_core::validate_id("subject", &params.subject)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.to_string()))?;
+    for (kind, value) in [
+        ("subject", Some(&params.subject)),
+        ("route", params.route.as_ref()),
+    ] {
+        if let Some(value) = value {
+            reservoir_core::validate_id(kind, value).map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.to_string())
+            })?;
+        }
+    }
     let shards: Vec<usize> = match &params.route {
         Some(route) => vec![writers.shard_of(&params.subject, route)],
         None => (0..writers.shards()).collect(),

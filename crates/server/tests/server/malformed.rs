@@ -289,6 +289,18 @@ async fn malformed_requests_get_problem_json() {
         (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input"),
         "{body}"
     );
+    // A generation the log cannot record (found by schemathesis: it used to
+    // fail the append and stop the server) is refused up front.
+    let mut huge_generation = policy("t", "r3", 1, 1_000, 0);
+    huge_generation.generation = 1 << 63;
+    let (status, body) = s.publish(&huge_generation, "e").await;
+    assert_eq!(
+        (status, problem_type(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_input"),
+        "{body}"
+    );
+    let (status, body) = s.reserve("ok-2", "t", "r", 10).await;
+    assert_eq!(status, StatusCode::CREATED, "still serving: {body}");
     // The server is still healthy and the books balance.
     let (status, _) = s.get("/healthz").await;
     assert_eq!(status, StatusCode::OK);

@@ -175,3 +175,70 @@ async fn health_readiness_and_metrics() {
     }
     s.stop().await;
 }
+
+/// The bounds the document states are the ones the server enforces: each is
+/// read back from core's constants, so neither can move alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_bounds_are_the_enforced_ones() {
+    use reservoir_core::policy::{MAX_GENERATION, MAX_SPAN_MS, MAX_UNITS};
+    let (s, _dir) = TestServer::embedded().await;
+    let (_, doc) = s.get("/openapi.json").await;
+    let schema = |name: &str| doc["components"]["schemas"][name]["properties"].clone();
+    let policy = schema("PolicyDoc");
+    for field in [
+        "burst_units",
+        "opening_units",
+        "max_reservation_units",
+        "max_overdraft_units",
+    ] {
+        assert_eq!(policy[field]["maximum"], MAX_UNITS, "{field}");
+    }
+    for field in [
+        "hold_ttl_ms",
+        "hard_execution_limit_ms",
+        "idempotency_window_ms",
+    ] {
+        assert_eq!(policy[field]["maximum"], MAX_SPAN_MS, "{field}");
+        assert_eq!(policy[field]["minimum"], 1, "{field}");
+    }
+    assert_eq!(policy["generation"]["maximum"], MAX_GENERATION);
+    let refill = schema("RefillRuleDoc");
+    assert_eq!(refill["units"]["maximum"], MAX_UNITS);
+    assert_eq!(refill["interval_ms"]["maximum"], MAX_SPAN_MS);
+    let limit = schema("DimensionLimitDoc");
+    assert_eq!(limit["burst_units"]["maximum"], MAX_UNITS);
+    let issue = schema("IssueShardBody");
+    assert_eq!(issue["units"]["maximum"], MAX_UNITS);
+    assert_eq!(
+        issue["ttl_ms"]["maximum"],
+        reservoir_server::shards::MAX_SHARD_TTL_MS
+    );
+    assert_eq!(
+        issue["gateway_boot_epoch"]["maximum"],
+        reservoir_server::shards::http::MAX_BOOT_EPOCH
+    );
+    // Every identifier takes core's rule, in paths and in bodies.
+    let id_rule = format!(
+        "^[A-Za-z0-9._:/@-]{{1,{}}}$",
+        reservoir_core::types::MAX_ID_BYTES
+    );
+    let reserve = schema("ReserveBody");
+    for field in ["id", "subject", "route"] {
+        assert_eq!(reserve[field]["pattern"], id_rule.as_str(), "{field}");
+    }
+    let get = &doc["paths"]["/v1/reservations/{id}"]["get"];
+    assert_eq!(get["parameters"][0]["schema"]["pattern"], id_rule.as_str());
+    assert!(
+        get["responses"]["422"].is_object(),
+        "a bad id is documented"
+    );
+    // Bodies: malformed, too large, not JSON, breaking a rule.
+    let post = &doc["paths"]["/v1/reservations"]["post"]["responses"];
+    for status in ["400", "413", "415", "422"] {
+        assert!(post[status].is_object(), "{status}");
+    }
+    // Positions past the log are 409 on every query.
+    let balances = &doc["paths"]["/v1/tenants/{tenant}/balances"]["get"]["responses"];
+    assert!(balances["409"].is_object());
+    s.stop().await;
+}
