@@ -174,39 +174,38 @@ impl Mirror {
                 continue;
             }
             let at = || format!("log offset {offset}, {key} seq {}", event.sequence);
-            match &event.body {
-                EventBody::Reserved { id, held_units, .. } => {
-                    if let Some(first) = self.reserved.get(id) {
-                        out.push(finding(
-                            Gate::SecondDebit,
-                            format!("{}: {id} reserved again (first in {first})", at()),
-                        ));
-                    }
-                    let holds = *held_units > 0
-                        || event.further.iter().any(|a| {
-                            matches!(a, DimensionAmounts::Reserved { held_units, .. } if *held_units > 0)
-                        });
-                    if holds {
-                        if let Some((owing, debt)) = self.debt_of(&key.subject, &key.route) {
-                            out.push(finding(
-                                Gate::AdmissionWithDebt,
-                                format!("{}: {id} admitted while {owing} owes {debt}", at()),
-                            ));
-                        }
-                    }
-                    self.reserved.insert(id.clone(), key.clone());
+            if let EventBody::Reserved { id, held_units, .. } = &event.body {
+                if let Some(first) = self.reserved.get(id) {
+                    out.push(finding(
+                        Gate::SecondDebit,
+                        format!("{}: {id} reserved again (first in {first})", at()),
+                    ));
                 }
-                EventBody::Released { id, .. }
-                | EventBody::Expired { id, .. }
-                | EventBody::Settled { id, .. } => {
-                    if !self.ended.insert(id.clone()) {
+                let holds = *held_units > 0
+                    || event.further.iter().any(|a| {
+                        matches!(a, DimensionAmounts::Reserved { held_units, .. } if *held_units > 0)
+                    });
+                if holds {
+                    if let Some((owing, debt)) = self.debt_of(&key.subject, &key.route) {
                         out.push(finding(
-                            Gate::DuplicateRefund,
-                            format!("{}: {id} ended (and refunded) again", at()),
+                            Gate::AdmissionWithDebt,
+                            format!("{}: {id} admitted while {owing} owes {debt}", at()),
                         ));
                     }
                 }
-                _ => {}
+                self.reserved.insert(id.clone(), key.clone());
+            }
+            // Every end of a hold refunds what is left of it: at most one per id.
+            if let EventBody::Released { id, .. }
+            | EventBody::Expired { id, .. }
+            | EventBody::Settled { id, .. } = &event.body
+            {
+                if !self.ended.insert(id.clone()) {
+                    out.push(finding(
+                        Gate::DuplicateRefund,
+                        format!("{}: {id} ended (and refunded) again", at()),
+                    ));
+                }
             }
             *self.events.entry(event.body.type_name()).or_default() += 1;
             let p = self.partitions.entry(key.clone()).or_default();

@@ -28,6 +28,8 @@ use tokio::task::JoinHandle;
 pub struct SimLog {
     pub inner: MemoryLog,
     hold: watch::Sender<bool>,
+    /// Appends called while held, since the last `take_held_appends`.
+    held_appends: std::sync::atomic::AtomicUsize,
     /// Planted bug: moves are written without their debt (see `Plant`).
     pub drop_move_debt: bool,
 }
@@ -41,6 +43,7 @@ impl SimLog {
                 MemoryLog::new()
             },
             hold: watch::channel(false).0,
+            held_appends: Default::default(),
             drop_move_debt,
         }
     }
@@ -49,6 +52,13 @@ impl SimLog {
     /// not) is fixed when it is called, as the memory log promises.
     pub fn hold(&self, held: bool) {
         self.hold.send_replace(held);
+    }
+
+    /// How many appends were called while held since the last call (two or
+    /// more: batches were in flight together).
+    pub fn take_held_appends(&self) -> usize {
+        self.held_appends
+            .swap(0, std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -134,6 +144,10 @@ impl EventLog for SimLog {
         };
         // Called now: the memory log fixes the outcome and the place in the log here.
         let appended = self.inner.append(batch);
+        if *self.hold.borrow() {
+            self.held_appends
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         let mut hold = self.hold.subscribe();
         async move {
             // A closed channel (the log is being dropped) releases.
