@@ -211,7 +211,11 @@ struct Call {
     settle: Option<(Option<u64>, Option<Usage>)>,
     /// Simulated time the current step became UNKNOWN (its answer lost).
     unknown_since: Option<u64>,
-    in_flight: bool,
+    /// Requests of this call in flight (two: an impatient duplicate).
+    in_flight: u32,
+    /// Two copies of its reserve were in flight at once: a refusal of one
+    /// does not say the other was not admitted (a refusal makes no record).
+    reserve_duplicated: bool,
     told: Option<Told>,
     refused: bool,
     /// The ledger was seen holding the finished record the gateway was told
@@ -240,7 +244,8 @@ struct Line {
 
 /// Who sent a request, so its reply goes back to them.
 enum Origin {
-    Call(usize),
+    /// A call's request, sent in the phase named.
+    Call(usize, Phase),
     Operator(usize),
     Sweeper(String),
     Planted(String),
@@ -616,15 +621,26 @@ impl World {
     }
 
     /// The next request of some gateway: a retry of an UNKNOWN step first,
-    /// else the next step of an open call, else a new call.
+    /// else the next step of an open call, else a new call; now and then an
+    /// impatient duplicate of a request still in flight (a client that timed
+    /// out and sent it again).
     fn gateway_request(&mut self, quiet: bool) -> Option<(Origin, usize, Request)> {
         let g = self.rng.index(GATEWAYS);
-        let open: Vec<usize> = (0..self.calls.len())
-            .filter(|&c| {
-                let call = &self.calls[c];
-                call.gateway == g && call.phase != Phase::Done && !call.in_flight
-            })
-            .collect();
+        let of_gateway = |flying: bool| -> Vec<usize> {
+            (0..self.calls.len())
+                .filter(|&c| {
+                    let call = &self.calls[c];
+                    call.gateway == g && call.phase != Phase::Done && (call.in_flight > 0) == flying
+                })
+                .collect()
+        };
+        let open = of_gateway(false);
+        let flying = of_gateway(true);
+        if !quiet && !flying.is_empty() && self.rng.chance(60) {
+            let c = flying[self.rng.index(flying.len())];
+            self.count("duplicate request");
+            return Some(self.send(c));
+        }
         let unknown = open
             .iter()
             .copied()
@@ -640,12 +656,20 @@ impl World {
             _ if open.is_empty() => return None,
             _ => open[self.rng.index(open.len())],
         };
+        Some(self.send(c))
+    }
+
+    /// Call `c`'s request for its phase (the same one again on a retry).
+    fn send(&mut self, c: usize) -> (Origin, usize, Request) {
         let request = self.request_of(c);
         let call = &mut self.calls[c];
-        call.in_flight = true;
+        call.in_flight += 1;
+        if call.in_flight > 1 && call.phase == Phase::Reserve {
+            call.reserve_duplicated = true;
+        }
         let (subject, route) = (TENANTS[call.tenant].name, call.route.name());
         let shard = self.node.writers.shard_of(subject, route);
-        Some((Origin::Call(c), shard, request))
+        (Origin::Call(c, call.phase), shard, request)
     }
 
     fn new_call(&mut self, g: usize) -> usize {
@@ -686,7 +710,8 @@ impl World {
             key: None,
             settle: None,
             unknown_since: None,
-            in_flight: false,
+            in_flight: 0,
+            reserve_duplicated: false,
             told: None,
             refused: false,
             verified: false,
@@ -775,7 +800,7 @@ impl World {
 
     fn deliver(&mut self, origin: Origin, reply: Reply, lost: bool) {
         match origin {
-            Origin::Call(c) => self.deliver_to_call(c, reply, lost),
+            Origin::Call(c, phase) => self.deliver_to_call(c, phase, reply, lost),
             Origin::Operator(i) => self.deliver_to_operator(i, reply, lost),
             Origin::Sweeper(what) => {
                 let outcome = outcome_of(&reply);
@@ -830,16 +855,20 @@ impl World {
         }
     }
 
-    fn deliver_to_call(&mut self, c: usize, reply: Reply, lost: bool) {
+    fn deliver_to_call(&mut self, c: usize, sent: Phase, reply: Reply, lost: bool) {
         let now = self.now();
-        self.calls[c].in_flight = false;
+        self.calls[c].in_flight -= 1;
         let phase = self.calls[c].phase;
-        let what = format!("  {} {}", self.calls[c].id, phase.name());
+        let what = format!("  {} {}", self.calls[c].id, sent.name());
         let outcome = if lost {
             "LOST".to_string()
         } else {
             outcome_of(&reply)
         };
+        if sent != phase {
+            self.late_duplicate(c, reply, lost, format!("{what} -> {outcome}"));
+            return;
+        }
         self.note(format!("{what} -> {outcome}"));
         let unknown = lost || matches!(reply, Err(Failure::Unavailable(_)));
         if unknown {
@@ -867,6 +896,43 @@ impl World {
                 format!("{what}: {other:?}"),
             )),
         }
+    }
+
+    /// The answer to a copy of a request whose other copy's answer already
+    /// moved the call on. Dropped, except one: a refusal is not a receipt (it
+    /// makes no record), so the other copy of a refused reserve may have been
+    /// admitted after it. The gateway then holds a reservation for a call it
+    /// gave up, and gives it back.
+    fn late_duplicate(&mut self, c: usize, reply: Reply, lost: bool, line: String) {
+        let call = &self.calls[c];
+        let admitted_after_refusal = match (&reply, lost) {
+            (Ok(Answer::Reservation { reservation, .. }), false) => {
+                call.refused
+                    && call.told.is_none()
+                    && reservation.state == ReservationState::Reserved
+            }
+            _ => false,
+        };
+        if !admitted_after_refusal {
+            self.note(format!("{line} (late duplicate, dropped)"));
+            return;
+        }
+        self.note(format!(
+            "{line} (late duplicate of a refused reserve: released)"
+        ));
+        self.count("refused, then admitted by a duplicate");
+        let Ok(Answer::Reservation {
+            key, reservation, ..
+        }) = reply
+        else {
+            unreachable!("matched above");
+        };
+        let call = &mut self.calls[c];
+        call.refused = false;
+        call.release = true;
+        self.open_calls[call.gateway] += 1;
+        call.phase = Phase::Reserve;
+        self.learned(c, key, *reservation);
     }
 
     /// The gateway learnt the reservation's record: the model takes it, and
@@ -1061,7 +1127,10 @@ impl World {
             if call.verified {
                 continue;
             }
-            if call.refused && self.mirror.debited(&call.id) {
+            // A duplicate admitted after its copy's refusal, its answer lost,
+            // holds its lease until it expires: a leak the gateway cannot
+            // see, bounded by the lease.
+            if call.refused && self.mirror.debited(&call.id) && !call.reserve_duplicated {
                 out.push(finding(
                     Gate::ModelDisagrees,
                     format!("{}: refused, but the log debited it", call.id),
