@@ -42,6 +42,9 @@ pub enum Gate {
     DuplicateRefund,
     /// A closed partition still owes debt: it was not carried to the next one.
     DebtLeftBehind,
+    /// `available + reserved` above a dimension's burst (the policy's bucket
+    /// size, which refills, moves and refunds never exceed).
+    AboveBurst,
     /// The log holds an event the mirror cannot apply (not a balance error).
     LogUnreplayable,
     /// The writers' live state differs from the log's.
@@ -62,7 +65,7 @@ pub enum Gate {
 }
 
 impl Gate {
-    pub const ALL: [Gate; 15] = [
+    pub const ALL: [Gate; 16] = [
         Gate::Conservation,
         Gate::MovePairs,
         Gate::AvailableNegative,
@@ -70,6 +73,7 @@ impl Gate {
         Gate::SecondDebit,
         Gate::DuplicateRefund,
         Gate::DebtLeftBehind,
+        Gate::AboveBurst,
         Gate::LogUnreplayable,
         Gate::LogDisagrees,
         Gate::RecoveryDisagrees,
@@ -89,6 +93,7 @@ impl Gate {
             Gate::SecondDebit => "second_debit",
             Gate::DuplicateRefund => "duplicate_refund",
             Gate::DebtLeftBehind => "debt_left_behind",
+            Gate::AboveBurst => "above_burst",
             Gate::LogUnreplayable => "log_unreplayable",
             Gate::LogDisagrees => "log_disagrees",
             Gate::RecoveryDisagrees => "recovery_disagrees",
@@ -244,7 +249,7 @@ impl Mirror {
 }
 
 /// The gates over one set of partitions (the live state or the mirror):
-/// conservation, move pairs, debt left behind in a closed partition.
+/// conservation, move pairs, debt left behind in a closed partition, the burst.
 pub fn check_state(what: &str, parts: &Partitions, out: &mut Vec<Finding>) {
     let mut groups: BTreeMap<(&str, &str), Vec<&Partition>> = BTreeMap::new();
     for (key, p) in parts {
@@ -254,6 +259,18 @@ pub fn check_state(what: &str, parts: &Partitions, out: &mut Vec<Finding>) {
             .push(p);
         if let Err(err) = p.check_invariants() {
             out.push(finding(Gate::Conservation, format!("{what} {key}: {err}")));
+        }
+        if let Some(policy) = &p.policy {
+            for (i, l) in p.ledgers().enumerate() {
+                let burst = policy.limit(i).burst_units;
+                let held = u128::from(l.available_units) + u128::from(l.reserved_units);
+                if held > u128::from(burst) {
+                    out.push(finding(
+                        Gate::AboveBurst,
+                        format!("{what} {key} dimension {i}: available + reserved {held} > burst {burst}"),
+                    ));
+                }
+            }
         }
         if p.closed {
             let debt = p.ledgers().map(|l| l.debt_units().unwrap_or(0)).max();
