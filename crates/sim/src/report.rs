@@ -5,14 +5,18 @@
 //!   lost (an append in doubt, a crash mid-batch, a dropped reply, a 503) to
 //!   the moment its gateway, retrying with the same id, learnt the outcome.
 //! - Fairness: every limit of a tenant's policies is the base limit times
-//!   the tenant's weight, and the gateways send every tenant the same demand
-//!   (which exceeds even the heaviest tenant's limits). A tenant's *fair
-//!   share* is its weight over the sum of weights; its *admitted share* is
-//!   the reservations admitted to it over all admitted. The error is the
-//!   admitted share minus the fair share, in percentage points. Where a
-//!   tenant's demand does not exceed its limit, it is admitted less than its
-//!   share and the error is negative: the figure is a check on the limits'
-//!   proportions under overload, not a scheduler's fairness.
+//!   the tenant's weight (1, 2, 3), and the gateways give every tenant the
+//!   same demand (calls, each asking for one reservation). A tenant's *fair
+//!   share* is its weighted max-min share of everything admitted: tenants
+//!   are filled in order of demand over weight, each up to its demand or its
+//!   weight's part of what is left, whichever is smaller (a tenant asking
+//!   for less than its part gets what it asked for; the rest is shared by
+//!   weight). Its *admitted share* is the reservations admitted to it over
+//!   all admitted. The error is admitted minus fair, in percentage points.
+//!   It measures whether limits scaled by weight admit in proportion to
+//!   weight under contention; the ledger has no shared pool, so a tenant
+//!   whose own bucket is empty is refused even when another's is not, and
+//!   that shows as error too.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -30,6 +34,7 @@ pub struct Summary {
     pub gates: BTreeMap<Gate, u64>,
     pub unknown_resolved_ms: Vec<u64>,
     pub admitted: [u64; TENANTS.len()],
+    pub demand: [u64; TENANTS.len()],
     pub coverage: BTreeMap<&'static str, u64>,
     /// (seed, first finding) of the first failing runs.
     pub failures: Vec<(u64, String)>,
@@ -59,6 +64,9 @@ impl Summary {
         for (total, n) in self.admitted.iter_mut().zip(o.admitted) {
             *total += n;
         }
+        for (total, n) in self.demand.iter_mut().zip(o.demand) {
+            *total += n;
+        }
         for (what, n) in &o.coverage {
             *self.coverage.entry(what).or_default() += n;
         }
@@ -79,20 +87,21 @@ impl Summary {
         v.get(rank).copied()
     }
 
-    /// Per tenant: (name, weight, fair share %, admitted share %, error in points).
-    pub fn fairness(&self) -> Vec<(&'static str, u64, f64, f64, f64)> {
-        let weights: u64 = TENANTS.iter().map(|t| t.weight).sum();
+    /// Per tenant: (name, weight, demand, fair share %, admitted share %,
+    /// error in points); see the module docs.
+    pub fn fairness(&self) -> Vec<(&'static str, u64, u64, f64, f64, f64)> {
         let admitted: u64 = self.admitted.iter().sum();
+        let fair = max_min_fair(admitted as f64, &self.demand);
         TENANTS
             .iter()
-            .zip(self.admitted)
-            .map(|(t, n)| {
-                let fair = 100.0 * t.weight as f64 / weights as f64;
-                let share = match admitted {
+            .enumerate()
+            .map(|(i, t)| {
+                let pct = |x: f64| match admitted {
                     0 => 0.0,
-                    all => 100.0 * n as f64 / all as f64,
+                    all => 100.0 * x / all as f64,
                 };
-                (t.name, t.weight, fair, share, share - fair)
+                let (fair, share) = (pct(fair[i]), pct(self.admitted[i] as f64));
+                (t.name, t.weight, self.demand[i], fair, share, share - fair)
             })
             .collect()
     }
@@ -151,13 +160,16 @@ impl Summary {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "| tenant | weight | fair share | admitted share | error |"
+            "| tenant | weight | calls | admitted | fair share | admitted share | error |"
         );
-        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: |");
-        for (name, weight, fair, share, error) in self.fairness() {
+        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for (i, (name, weight, demand, fair, share, error)) in
+            self.fairness().into_iter().enumerate()
+        {
             let _ = writeln!(
                 s,
-                "| {name} | {weight} | {fair:.1} % | {share:.1} % | {error:+.1} pp |"
+                "| {name} | {weight} | {demand} | {} | {fair:.1} % | {share:.1} % | {error:+.1} pp |",
+                self.admitted[i]
             );
         }
         let _ = writeln!(s);
@@ -168,4 +180,25 @@ impl Summary {
         }
         s
     }
+}
+
+/// Weighted max-min fair split of `total` over the tenants, given their
+/// demands: in order of demand over weight, each gets its demand or its
+/// weight's part of what is left, whichever is smaller.
+fn max_min_fair(total: f64, demand: &[u64; TENANTS.len()]) -> [f64; TENANTS.len()] {
+    let mut order: Vec<usize> = (0..TENANTS.len()).collect();
+    order.sort_by(|&a, &b| {
+        let ratio = |i: usize| demand[i] as f64 / TENANTS[i].weight as f64;
+        ratio(a).total_cmp(&ratio(b))
+    });
+    let mut fair = [0.0; TENANTS.len()];
+    let mut left = total;
+    let mut weights: u64 = TENANTS.iter().map(|t| t.weight).sum();
+    for i in order {
+        let part = left * TENANTS[i].weight as f64 / weights as f64;
+        fair[i] = part.min(demand[i] as f64);
+        left -= fair[i];
+        weights -= TENANTS[i].weight;
+    }
+    fair
 }

@@ -103,6 +103,8 @@ pub struct RunOutcome {
     pub unknown_resolved_ms: Vec<u64>,
     /// Reservations admitted (holding capacity) per tenant, as the gateways learnt them.
     pub admitted: [u64; TENANTS.len()],
+    /// Calls per tenant (each asks for one reservation): the demand.
+    pub demand: [u64; TENANTS.len()],
     /// How often each path was taken (faults, restarts, event types in the log).
     pub coverage: BTreeMap<&'static str, u64>,
 }
@@ -268,6 +270,7 @@ struct World {
     findings: Vec<Finding>,
     unknown_resolved_ms: Vec<u64>,
     admitted: [u64; TENANTS.len()],
+    demand: [u64; TENANTS.len()],
     coverage: BTreeMap<&'static str, u64>,
     start_ms: u64,
     steps: usize,
@@ -317,6 +320,7 @@ impl World {
             findings: Vec::new(),
             unknown_resolved_ms: Vec::new(),
             admitted: [0; TENANTS.len()],
+            demand: [0; TENANTS.len()],
             coverage: BTreeMap::new(),
             start_ms: workload::START_MS,
             steps: config.steps,
@@ -717,6 +721,7 @@ impl World {
             verified: false,
         });
         self.open_calls[g] += 1;
+        self.demand[tenant] += 1;
         self.count("calls");
         c
     }
@@ -1244,6 +1249,7 @@ impl World {
             findings,
             unknown_resolved_ms: self.unknown_resolved_ms,
             admitted: self.admitted,
+            demand: self.demand,
             coverage: self.coverage,
         }
     }
