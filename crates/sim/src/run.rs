@@ -251,6 +251,8 @@ enum Origin {
     Operator(usize),
     Sweeper(String),
     Planted(String),
+    /// A copy of a call's request the network delivered late.
+    Late(usize, Phase),
 }
 
 struct World {
@@ -262,6 +264,10 @@ struct World {
     open_calls: [usize; GATEWAYS],
     lines: Vec<Line>,
     plant: Option<Plant>,
+    /// Copies of call requests the network holds: (round due, call, phase).
+    delayed: Vec<(usize, usize, Phase)>,
+    round: usize,
+    quiet: bool,
     /// Requests the planted double refund sends in the next wave.
     planted: VecDeque<(usize, Request, String)>,
     trace_hash: Sha256,
@@ -314,6 +320,9 @@ impl World {
             lines,
             plant: config.plant,
             planted: VecDeque::new(),
+            delayed: Vec::new(),
+            round: 0,
+            quiet: false,
             trace_hash: Sha256::new(),
             trace: VecDeque::new(),
             keep_trace: config.keep_trace,
@@ -395,6 +404,7 @@ impl World {
     }
 
     async fn round(&mut self, round: usize, quiet: bool) {
+        (self.round, self.quiet) = (round, quiet);
         let dt = match (quiet, self.rng.below(100)) {
             (true, _) => self.rng.range(500, 3_000),
             (false, 0..=3) => self.rng.range(16_000, 45_000), // leases pass
@@ -464,6 +474,21 @@ impl World {
                 }
                 if let Some(operator) = self.operator_request(quiet) {
                     requests.push(operator);
+                }
+            }
+            if wave == 0 {
+                // In the quiet drain the network delivers everything it held.
+                let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
+                    .into_iter()
+                    .partition(|&(at, _, _)| quiet || at <= round);
+                self.delayed = later;
+                for (_, c, phase) in due {
+                    let call = &self.calls[c];
+                    let shard = self
+                        .node
+                        .writers
+                        .shard_of(TENANTS[call.tenant].name, call.route.name());
+                    requests.push((Origin::Late(c, phase), shard, self.request_for(c, phase)));
                 }
             }
             while let Some((shard, request, what)) = self.planted.pop_front() {
@@ -671,9 +696,21 @@ impl World {
         if call.in_flight > 1 && call.phase == Phase::Reserve {
             call.reserve_duplicated = true;
         }
+        let phase = call.phase;
+        if !self.quiet && self.rng.chance(30) {
+            // The network keeps a copy and delivers it much later.
+            let due = self.round + self.rng.range(1, 40) as usize;
+            self.delayed.push((due, c, phase));
+            let call = &mut self.calls[c];
+            if phase == Phase::Reserve {
+                call.reserve_duplicated = true;
+            }
+            self.count("request delayed in the network");
+        }
+        let call = &self.calls[c];
         let (subject, route) = (TENANTS[call.tenant].name, call.route.name());
         let shard = self.node.writers.shard_of(subject, route);
-        (Origin::Call(c, call.phase), shard, request)
+        (Origin::Call(c, phase), shard, request)
     }
 
     fn new_call(&mut self, g: usize) -> usize {
@@ -732,6 +769,12 @@ impl World {
             let settle = self.usage_for(c);
             self.calls[c].settle = Some(settle);
         }
+        self.request_for(c, phase)
+    }
+
+    /// Call `c`'s request in `phase`: always the same one (a settle's usage
+    /// is fixed at its first attempt).
+    fn request_for(&self, c: usize, phase: Phase) -> Request {
         let call = &self.calls[c];
         let key = || {
             call.key
@@ -760,7 +803,10 @@ impl World {
                 },
             },
             Phase::Settle => {
-                let (actual_units, usage) = call.settle.clone().expect("set above");
+                let (actual_units, usage) = call
+                    .settle
+                    .clone()
+                    .expect("a settle's usage is fixed before it is sent");
                 Request::Settle {
                     key: key(),
                     id: call.id.clone(),
@@ -819,6 +865,58 @@ impl World {
                 let outcome = outcome_of(&reply);
                 self.note(format!("  planted {what} -> {outcome}"));
             }
+            Origin::Late(c, phase) => self.late_copy(c, phase, reply),
+        }
+    }
+
+    /// A copy of a request delivered long after it was sent: nobody waits
+    /// for its answer, but the answer must agree with the ledger's record:
+    /// the same reservation, never a new one for an id already reserved
+    /// (which may by now live only in the on-disk idempotency index).
+    fn late_copy(&mut self, c: usize, phase: Phase, reply: Reply) {
+        let call = &self.calls[c];
+        let line = format!(
+            "  {} {} (late copy) -> {}",
+            call.id,
+            phase.name(),
+            outcome_of(&reply)
+        );
+        let mut wrong = None;
+        if let Ok(Answer::Reservation {
+            key,
+            reservation,
+            created,
+            ..
+        }) = &reply
+        {
+            match &call.told {
+                Some(told)
+                    if *created
+                        || told.key != *key
+                        || told.reserved_units != reservation.reserved_units =>
+                {
+                    wrong = Some(format!(
+                        "{}: a late copy of its {} was answered with {:?} in {key} (created: {created}), but it was told {:?} in {}",
+                        call.id,
+                        phase.name(),
+                        reservation.state,
+                        told.state,
+                        told.key
+                    ));
+                }
+                None if *created && call.refused => {
+                    self.count("refused, then admitted by a late copy")
+                }
+                _ => {}
+            }
+        }
+        if let Err(Failure::Internal(msg)) = &reply {
+            self.findings
+                .push(finding(Gate::WriterBroke, format!("{line}: {msg}")));
+        }
+        self.note(line);
+        if let Some(wrong) = wrong {
+            self.findings.push(finding(Gate::ModelDisagrees, wrong));
         }
     }
 
