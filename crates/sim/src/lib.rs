@@ -32,8 +32,22 @@
 //!   node restarts), a crash with batches in flight (appends held, the writer
 //!   tasks aborted, a new process claims the log and recovers), replies lost
 //!   on the way back, clock jumps past leases, execution limits and epochs.
+//! - With `--zombies` (`RunConfig::zombies`), a take-over that leaves the old
+//!   process running: a new writer claims the log while the old one's
+//!   writers still answer the gateways that route to it, until an append
+//!   fences them (or they are killed 1–3 rounds later).
 //! - The log is either unordered (the embedded log's contract) or ordered
 //!   (Kafka's: the writer pipelines batches); 1–3 shards; batches of 2–64.
+//!
+//! ## What it found
+//! With `--zombies`, within a few hundred interleavings: a writer whose
+//! claim was superseded answers *rejections* from its stale memory, with no
+//! log round-trip, so nothing fences them — a settle refused `WrongState
+//! (Reserved)` for a call the new writer had started, a start or release
+//! refused `UnknownReservation` for one the new writer had made. Only
+//! appends are fenced; a definitive refusal needs the same read-back (or a
+//! lease on the claim) before it is answered. Off by default until the
+//! server decides; e.g. `reservoir-sim --seed 14 --steps 200 --zombies`.
 //!
 //! ## What is not simulated yet
 //! HTTP and the network between gateway and ledger (a lost reply is the only
@@ -41,7 +55,8 @@
 //! client crate (`crates/client`: its retry loop, streaming guard, fair
 //! scheduler) — the gateways here are the simulator's own; emergency shards
 //! (issue, use during a partition, reuse, replay after restart, reconcile,
-//! remint); several nodes, Kafka ownership, zombie writers and fencing;
+//! remint: the server has no shard commands yet); several nodes and Kafka
+//! ownership (beyond the one zombie above);
 //! snapshots; the projector and replay; stream-cancel. The serving loop of
 //! `reservoir_server::start_with_clock` (recover → writers → re-claim on
 //! doubt) is re-stated in [`node`] rather than shared, so a change there must
@@ -100,8 +115,14 @@ pub use check::{Finding, Gate};
 pub use report::Summary;
 pub use run::{policies_valid, run, Plant, RunConfig, RunOutcome};
 
-/// The one command that replays a run exactly.
-pub fn replay_command(seed: u64, steps: usize, plant: Option<Plant>) -> String {
-    let plant = plant.map_or(String::new(), |p| format!(" --plant {}", p.name()));
-    format!("reservoir-sim --seed {seed} --steps {steps}{plant}")
+/// The one command that replays a run of `config` exactly.
+pub fn replay_command(seed: u64, config: &RunConfig) -> String {
+    let plant = config
+        .plant
+        .map_or(String::new(), |p| format!(" --plant {}", p.name()));
+    let zombies = if config.zombies { " --zombies" } else { "" };
+    format!(
+        "reservoir-sim --seed {seed} --steps {}{plant}{zombies}",
+        config.steps
+    )
 }

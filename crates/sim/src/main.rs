@@ -39,6 +39,10 @@ struct Cli {
     /// One run: prints its whole trace, not only the last lines.
     #[arg(long)]
     trace: bool,
+    /// Also take the log over while the old process runs on (a zombie
+    /// writer): finds stale answers today (see the crate docs).
+    #[arg(long)]
+    zombies: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         steps: cli.steps,
         plant: cli.plant,
         keep_trace: cli.trace && cli.interleavings.is_none(),
+        zombies: cli.zombies,
     };
     match cli.interleavings {
         None => one(&cli, &config),
@@ -83,18 +88,15 @@ fn one(cli: &Cli, config: &RunConfig) -> ExitCode {
         println!("every gate passed");
         return ExitCode::SUCCESS;
     }
-    print_failure(&outcome, cli.plant);
+    print_failure(&outcome, config);
     ExitCode::FAILURE
 }
 
-fn print_failure(outcome: &RunOutcome, plant: Option<Plant>) {
+fn print_failure(outcome: &RunOutcome, config: &RunConfig) {
     for f in &outcome.findings {
         println!("FINDING {}: {}", f.gate.name(), f.detail);
     }
-    println!(
-        "replay: {}",
-        replay_command(outcome.seed, outcome.steps, plant)
-    );
+    println!("replay: {}", replay_command(outcome.seed, config));
 }
 
 fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
@@ -151,10 +153,7 @@ fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
     println!("\n{} failing interleavings; the first:", failing.len());
     for outcome in failing.iter().take(10) {
         println!("- seed {}: {}", outcome.seed, first(outcome));
-        println!(
-            "  replay: {}",
-            replay_command(outcome.seed, outcome.steps, cli.plant)
-        );
+        println!("  replay: {}", replay_command(outcome.seed, config));
     }
     if let Some(o) = failing.first() {
         println!("\nlast steps of seed {}:", o.seed);

@@ -192,6 +192,31 @@ pub enum Trouble {
     Fatal(String),
 }
 
+/// The writers of a process another one took the log over from while it
+/// still ran (cut off from its group, paused): they answer from their stale
+/// memory and append under a superseded claim until the log fences them.
+pub struct Zombie {
+    pub writers: Writers,
+    tasks: Vec<JoinHandle<ShardState>>,
+    /// Kept: a dropped stop sender reads as "stop" to the shard loop.
+    _stop: watch::Sender<bool>,
+    fatal: watch::Receiver<Option<String>>,
+    /// Rounds it still runs if the log does not fence it first.
+    pub rounds_left: u32,
+}
+
+impl Zombie {
+    /// Why it stopped, if it did (a fenced append is fatal to a writer).
+    pub fn stopped(&self) -> Option<String> {
+        self.fatal.borrow().clone()
+    }
+
+    /// Ends the process. Returns the panic messages of its shard tasks.
+    pub async fn kill(self) -> Vec<String> {
+        abort_all(self.tasks).await
+    }
+}
+
 pub struct Node {
     pub log: Arc<SimLog>,
     pub clock: ManualClock,
@@ -259,18 +284,25 @@ impl Node {
     /// unanswered (their appends may have landed). Returns the panic message
     /// of every shard task that had panicked.
     pub async fn crash(&mut self) -> Vec<String> {
-        for task in &self.tasks {
-            task.abort();
-        }
-        let mut panics = Vec::new();
-        for task in self.tasks.drain(..) {
-            if let Err(err) = task.await {
-                if err.is_panic() {
-                    panics.push(panic_message(err.into_panic()));
-                }
-            }
-        }
-        panics
+        abort_all(std::mem::take(&mut self.tasks)).await
+    }
+
+    /// A new process claims the log and takes over while this one's writers
+    /// still run: they become a [`Zombie`], alive for `rounds` rounds.
+    pub async fn take_over(&mut self, rounds: u32) -> Result<Zombie, String> {
+        let writers = self.writers.clone();
+        let tasks = std::mem::take(&mut self.tasks);
+        let fatal = self.fatal.clone();
+        let stop = std::mem::replace(&mut self.stop, watch::channel(false).0);
+        let zombie = Zombie {
+            writers,
+            tasks,
+            _stop: stop,
+            fatal,
+            rounds_left: rounds,
+        };
+        self.restart().await?;
+        Ok(zombie)
     }
 
     /// A new process after a crash or a fatal log error: a new writer id
@@ -388,6 +420,21 @@ async fn start_writers(
         sizer: Arc::new(SimSizer),
     });
     Ok((writers, tasks, stop_tx, fatal_rx, in_doubt_rx))
+}
+
+async fn abort_all(tasks: Vec<JoinHandle<ShardState>>) -> Vec<String> {
+    for task in &tasks {
+        task.abort();
+    }
+    let mut panics = Vec::new();
+    for task in tasks {
+        if let Err(err) = task.await {
+            if err.is_panic() {
+                panics.push(panic_message(err.into_panic()));
+            }
+        }
+    }
+    panics
 }
 
 fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {

@@ -63,6 +63,10 @@ pub struct RunConfig {
     pub plant: Option<Plant>,
     /// Keep the whole trace in the outcome (else its last lines only).
     pub keep_trace: bool,
+    /// Take-overs that leave the old process running (a zombie). Off by
+    /// default: a zombie answers rejections from its stale memory before
+    /// any append fences it, which the checker reports (see the crate docs).
+    pub zombies: bool,
 }
 
 impl RunConfig {
@@ -71,6 +75,7 @@ impl RunConfig {
             steps,
             plant: None,
             keep_trace: false,
+            zombies: false,
         }
     }
 }
@@ -264,6 +269,9 @@ struct World {
     open_calls: [usize; GATEWAYS],
     lines: Vec<Line>,
     plant: Option<Plant>,
+    /// The old process's writers after a take-over, while they run.
+    zombie: Option<crate::node::Zombie>,
+    zombies: bool,
     /// Copies of call requests the network holds: (round due, call, phase).
     delayed: Vec<(usize, usize, Phase)>,
     round: usize,
@@ -320,6 +328,8 @@ impl World {
             lines,
             plant: config.plant,
             planted: VecDeque::new(),
+            zombie: None,
+            zombies: config.zombies,
             delayed: Vec::new(),
             round: 0,
             quiet: false,
@@ -421,7 +431,7 @@ impl World {
         };
         let fault = if quiet { 0 } else { self.rng.below(100) };
         let mut drop_per_mille = 0;
-        let (mut hold, mut crash) = (false, false);
+        let (mut hold, mut crash, mut take_over) = (false, false, false);
         let fault_name = match fault {
             0..=54 => "none".to_string(),
             55..=62 => {
@@ -445,6 +455,10 @@ impl World {
                 (hold, crash) = (true, true);
                 "crash mid-batch".to_string()
             }
+            86..=88 if self.zombies && self.zombie.is_none() => {
+                take_over = true;
+                "another process takes the log over; the old one runs on".to_string()
+            }
             _ => {
                 drop_per_mille = 300;
                 "30% of replies lost".to_string()
@@ -454,6 +468,16 @@ impl World {
             "r{round} +{dt}ms t={} fault: {fault_name}",
             self.now() - self.start_ms
         ));
+        if take_over {
+            let rounds = self.rng.range(1, 3) as u32;
+            match self.node.take_over(rounds).await {
+                Ok(zombie) => {
+                    self.count("take-over with a zombie");
+                    self.zombie = Some(zombie);
+                }
+                Err(err) => self.findings.push(finding(Gate::RecoveryFailed, err)),
+            }
+        }
         if hold {
             self.node.log.hold(true);
         }
@@ -505,7 +529,24 @@ impl World {
                 }
             }
             for (origin, shard, request) in requests {
-                let writers = self.node.writers.clone();
+                let mut writers = self.node.writers.clone();
+                if let (Some(zombie), Origin::Call(..) | Origin::Late(..)) = (&self.zombie, &origin)
+                {
+                    // A gateway that still routes to the old process.
+                    if self.rng.chance(300) {
+                        writers = zombie.writers.clone();
+                        let (Origin::Call(c, phase) | Origin::Late(c, phase)) = &origin else {
+                            unreachable!("matched above");
+                        };
+                        let line = format!(
+                            "  {} {} sent to the zombie",
+                            self.calls[*c].id,
+                            phase.name()
+                        );
+                        self.note(line);
+                        self.count("request to the zombie");
+                    }
+                }
                 sent.push((
                     origin,
                     tokio::spawn(async move { writers.call(shard, request).await }),
@@ -530,6 +571,25 @@ impl World {
             self.deliver(origin, reply, lost);
         }
         self.node.log.inner.fail_next_appends(0);
+        if let Some(zombie) = self.zombie.as_mut() {
+            let stopped = zombie.stopped();
+            zombie.rounds_left = zombie.rounds_left.saturating_sub(1);
+            if stopped.is_some() || zombie.rounds_left == 0 {
+                let zombie = self.zombie.take().expect("checked");
+                match &stopped {
+                    Some(reason) if reason.contains("fenced") || reason.contains("injected") => {
+                        self.count("zombie fenced");
+                        self.note(format!("  the zombie stopped: {reason}"));
+                    }
+                    Some(reason) => self.findings.push(finding(
+                        Gate::WriterBroke,
+                        format!("the zombie stopped: {reason}"),
+                    )),
+                    None => self.note("  the zombie is killed".into()),
+                }
+                panics.extend(zombie.kill().await);
+            }
+        }
         for panic in panics {
             self.findings.push(finding(
                 Gate::WriterBroke,

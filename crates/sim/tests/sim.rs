@@ -69,7 +69,7 @@ fn a_ci_sized_run_finds_nothing() {
         for o in &failing {
             let f = &o.findings[0];
             println!("seed {}: {}: {}", o.seed, f.gate.name(), f.detail);
-            println!("  replay: {}", replay_command(o.seed, o.steps, None));
+            println!("  replay: {}", replay_command(o.seed, &config));
         }
         panic!("{} of {n} interleavings failed a gate", failing.len());
     }
@@ -103,7 +103,7 @@ fn every_planted_bug_is_found() {
             f.gate.name(),
             f.detail
         );
-        println!("  replay: {}", replay_command(seed, CI_STEPS, Some(plant)));
+        println!("  replay: {}", replay_command(seed, &config));
         assert!(
             outcome.findings.iter().any(|f| f.gate == gate),
             "planted {} was found, but not by {}: {:?}",
