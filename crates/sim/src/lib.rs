@@ -103,6 +103,9 @@
 //!   debt of the `MovedOut`/`MovedIn` of a generation switch or rollback (a
 //!   codec that loses a field), so the debt stays behind in the closed
 //!   generation of the log while the writer's memory carried it.
+//! - `lost-write`: what the log *answers*: every 23rd append is acknowledged
+//!   without being written, so acknowledged steps are missing from the log
+//!   (and from the state a restart rebuilds).
 
 pub mod check;
 pub mod node;

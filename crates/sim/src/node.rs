@@ -32,10 +32,17 @@ pub struct SimLog {
     held_appends: std::sync::atomic::AtomicUsize,
     /// Planted bug: moves are written without their debt (see `Plant`).
     pub drop_move_debt: bool,
+    /// Planted bug: every `LOST_WRITE_EVERY`th append is acknowledged
+    /// without being written.
+    pub lose_writes: bool,
+    appends: std::sync::atomic::AtomicUsize,
 }
 
+/// Which appends the planted lost write drops (the 23rd, 46th, …).
+pub const LOST_WRITE_EVERY: usize = 23;
+
 impl SimLog {
-    pub fn new(ordered: bool, drop_move_debt: bool) -> SimLog {
+    pub fn new(ordered: bool, drop_move_debt: bool, lose_writes: bool) -> SimLog {
         SimLog {
             inner: if ordered {
                 MemoryLog::ordered()
@@ -45,6 +52,8 @@ impl SimLog {
             hold: watch::channel(false).0,
             held_appends: Default::default(),
             drop_move_debt,
+            lose_writes,
+            appends: Default::default(),
         }
     }
 
@@ -142,8 +151,24 @@ impl EventLog for SimLog {
             true => without_move_debt(batch),
             false => batch,
         };
+        let n = self
+            .appends
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let lost =
+            self.lose_writes && !batch.is_empty() && n % LOST_WRITE_EVERY == LOST_WRITE_EVERY - 1;
+        let positions: Vec<Position> = (0..batch.len() as u64)
+            .map(|i| Position {
+                log_partition: 0,
+                offset: u64::MAX - i,
+            })
+            .collect();
         // Called now: the memory log fixes the outcome and the place in the log here.
-        let appended = self.inner.append(batch);
+        let appended: std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Vec<Position>, LogError>> + Send + '_>,
+        > = match lost {
+            true => Box::pin(std::future::ready(Ok(positions))),
+            false => Box::pin(self.inner.append(batch)),
+        };
         if *self.hold.borrow() {
             self.held_appends
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);

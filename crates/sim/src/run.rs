@@ -45,15 +45,19 @@ pub enum Plant {
     /// The moves of a generation switch reach the log without their debt (a
     /// codec that drops a field): debt not carried on a generation switch.
     DebtNotCarried,
+    /// Every 23rd append is acknowledged but never written (a log that
+    /// answers before its write is durable): acknowledged steps are lost.
+    LostWrite,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 2] = [Plant::DoubleRefund, Plant::DebtNotCarried];
+    pub const ALL: [Plant; 3] = [Plant::DoubleRefund, Plant::DebtNotCarried, Plant::LostWrite];
 
     pub fn name(self) -> &'static str {
         match self {
             Plant::DoubleRefund => "double-refund",
             Plant::DebtNotCarried => "debt-not-carried",
+            Plant::LostWrite => "lost-write",
         }
     }
 
@@ -242,6 +246,7 @@ impl World {
         let log = Arc::new(SimLog::new(
             ordered,
             config.plant == Some(Plant::DebtNotCarried),
+            config.plant == Some(Plant::LostWrite),
         ));
         let clock = reservoir_server::clock::ManualClock::new(workload::START_MS);
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
