@@ -8,6 +8,7 @@
 //! - `reservoir-sim --seed S --steps M`: that one run, its findings, the
 //!   last lines of its trace (`--trace`: all of it) and its trace hash.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -100,7 +101,14 @@ fn print_failure(outcome: &RunOutcome, config: &RunConfig) {
 }
 
 fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
-    let bar = ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr_with_hz(2));
+    // A bar on a terminal; elsewhere (CI logs, a file) a line every 5 %.
+    let terminal = std::io::stderr().is_terminal();
+    let target = match terminal {
+        true => ProgressDrawTarget::stderr_with_hz(2),
+        false => ProgressDrawTarget::hidden(),
+    };
+    let every = (n / 20).max(1);
+    let bar = ProgressBar::with_draw_target(Some(n), target);
     bar.set_style(
         ProgressStyle::with_template(
             "{elapsed_precise} [{bar:40}] {pos}/{len} interleavings ({per_sec}, eta {eta}) {msg}",
@@ -127,8 +135,16 @@ fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
                     failing.push(outcome);
                     bar.set_message(format!("{} failing", failing.len()));
                 }
+                let done = s.interleavings;
                 drop(s);
                 bar.inc(1);
+                if !terminal && done % every == 0 {
+                    let failing = failing.lock().expect("failing lock").len();
+                    eprintln!(
+                        "reservoir-sim: {done}/{n} interleavings, {failing} failing, {:.0} s",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
             });
         }
     });
