@@ -27,6 +27,9 @@
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
 //!   by a settle naming the operation) and refills, racing the gateways.
+//! - A network that loses replies, and delivers some requests twice: an
+//!   impatient duplicate while the first is in flight, or a copy 1–40
+//!   rounds late, answered by then from the on-disk idempotency index.
 //! - Ledger faults: failed appends, an append written but its answer lost
 //!   (in doubt: the node re-claims the log and rebuilds), a fatal append (the
 //!   node restarts), a crash with batches in flight (appends held, the writer
@@ -49,15 +52,23 @@
 //! lease on the claim) before it is answered. Off by default until the
 //! server decides; e.g. `reservoir-sim --seed 14 --steps 200 --zombies`.
 //!
+//! Not a bug, but a contract a client must know: a refusal is not a
+//! receipt (it makes no record), so a second copy of a refused reserve (an
+//! impatient duplicate, a late packet) can be admitted after it. A client
+//! that takes the first refusal as final while another copy is in flight
+//! holds a reservation it does not know of until its lease expires.
+//!
 //! ## What is not simulated yet
-//! HTTP and the network between gateway and ledger (a lost reply is the only
-//! network fault: no delay, duplication, reordering or partition); the real
+//! HTTP between gateway and ledger, and a network partition of a gateway
+//! (lost replies, duplicates and late copies are the network faults); the real
 //! client crate (`crates/client`: its retry loop, streaming guard, fair
 //! scheduler) — the gateways here are the simulator's own; emergency shards
 //! (issue, use during a partition, reuse, replay after restart, reconcile,
 //! remint: the server has no shard commands yet); several nodes and Kafka
-//! ownership (beyond the one zombie above);
-//! snapshots; the projector and replay; stream-cancel. The serving loop of
+//! ownership (beyond the one zombie above); snapshots; the projector and
+//! replay; stream-cancel; a gate for "UNKNOWN never counted as unused"
+//! beyond core's state machine (which has no edge from a started call to a
+//! refund). The serving loop of
 //! `reservoir_server::start_with_clock` (recover → writers → re-claim on
 //! doubt) is re-stated in [`node`] rather than shared, so a change there must
 //! be mirrored here. The sweeper's loop is re-stated too (`CollectDue`, then
@@ -85,8 +96,8 @@
 //! or a patched tokio for the whole workspace, and hide the one thing we must
 //! control: when each batch is decided, appended and answered. Rounds and
 //! waves over the real pipeline, with faults at our own trait boundary, keep
-//! that explicit in ~1,500 lines; revisit when the HTTP path and several
-//! nodes join (turmoil then fits best).
+//! that explicit in about 2,000 lines; revisit when the HTTP path and
+//! several nodes join (turmoil then fits best).
 //!
 //! ## Planted bugs
 //! [`Plant`] switches on a known bug, to show the checker fails; the test
