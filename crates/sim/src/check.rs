@@ -140,9 +140,9 @@ pub struct Mirror {
 }
 
 impl Mirror {
-    /// Whether the log ever debited `id`.
-    pub fn debited(&self, id: &ReservationId) -> bool {
-        self.reserved.contains_key(id)
+    /// The partition the log debited `id` in, if it did.
+    pub fn debited_in(&self, id: &ReservationId) -> Option<&PartitionKey> {
+        self.reserved.get(id)
     }
 
     /// Reads the log from where the mirror stopped to its end.

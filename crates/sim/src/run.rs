@@ -668,6 +668,7 @@ impl World {
             &mut out,
         );
         self.check_model(&live, &mut out);
+        self.check_lines(&live, &mut out);
         if with_recovery {
             match reservoir_server::recovery::recover(
                 &*self.node.log,

@@ -521,72 +521,123 @@ impl World {
         ));
     }
 
-    /// What the gateways were told must hold in the ledger: an acknowledged
-    /// reservation exists (in memory or in the idempotency index) with the
-    /// units told, in the state told or one reachable from it; a refused
-    /// reserve was never debited.
+    /// What the gateways did and were told must hold in the ledger:
+    /// - a reservation the log debited is in the ledger (in memory or in the
+    ///   idempotency index), in the partition the gateway was told;
+    /// - with the units it was told, in the state it was told or one
+    ///   reachable from it;
+    /// - released only if its gateway released it, settled only if its
+    ///   gateway settled it, and with exactly the usage the gateway reported
+    ///   (whether or not the gateway learnt the outcome);
+    /// - a reserve the gateway was told of was debited; a refused one was
+    ///   not (unless another copy of it was in flight).
     pub(super) fn check_model(&mut self, live: &Partitions, out: &mut Vec<Finding>) {
-        for call in &mut self.calls {
-            if call.verified {
+        for c in 0..self.calls.len() {
+            if self.calls[c].verified {
                 continue;
             }
+            let wrong = |what: String| {
+                finding(
+                    Gate::ModelDisagrees,
+                    format!("{}: {what}", self.calls[c].id),
+                )
+            };
+            let call = &self.calls[c];
+            let Some(key) = self.mirror.debited_in(&call.id) else {
+                if let Some(told) = &call.told {
+                    out.push(wrong(format!(
+                        "told {:?} in {}, the log never debited it",
+                        told.state, told.key
+                    )));
+                }
+                continue;
+            };
             // A duplicate admitted after its copy's refusal, its answer lost,
             // holds its lease until it expires: a leak the gateway cannot
             // see, bounded by the lease.
-            if call.refused && self.mirror.debited(&call.id) && !call.reserve_duplicated {
-                out.push(finding(
-                    Gate::ModelDisagrees,
-                    format!("{}: refused, but the log debited it", call.id),
-                ));
+            if call.refused && !call.reserve_duplicated {
+                out.push(wrong("refused, but the log debited it".into()));
             }
-            let Some(told) = &call.told else { continue };
-            let record = match live
-                .get(&told.key)
-                .and_then(|p| p.reservations.get(&call.id))
-            {
+            let record = match live.get(key).and_then(|p| p.reservations.get(&call.id)) {
                 Some(r) => Some(r.clone()),
                 None => match self.node.retired.get(&call.id) {
-                    Ok(Some(retired)) if retired.key == told.key => Some(retired.reservation),
+                    Ok(Some(retired)) if retired.key == *key => Some(retired.reservation),
                     Ok(_) => None,
                     Err(err) => {
-                        out.push(finding(Gate::ModelDisagrees, format!("{}: {err}", call.id)));
+                        out.push(wrong(err));
                         continue;
                     }
                 },
             };
             let Some(r) = record else {
-                out.push(finding(
-                    Gate::ModelDisagrees,
-                    format!(
-                        "{}: told {:?} in {}, the ledger has no record",
-                        call.id, told.state, told.key
-                    ),
-                ));
+                out.push(wrong(format!(
+                    "debited in {key} by the log, the ledger has no record"
+                )));
                 continue;
             };
-            let settled = matches!(
-                told.state,
-                ReservationState::Settled | ReservationState::SettledWithDebt
-            );
-            if r.reserved_units != told.reserved_units
-                || !reachable(told.state, r.state)
-                || (settled && r.actual_units != told.actual_units)
-            {
-                out.push(finding(
-                    Gate::ModelDisagrees,
-                    format!(
-                        "{}: told {:?} ({} units, actual {:?}), the ledger has {:?} ({} units, actual {:?})",
-                        call.id,
-                        told.state,
-                        told.reserved_units,
-                        told.actual_units,
-                        r.state,
-                        r.reserved_units,
-                        r.actual_units
-                    ),
-                ));
-            } else if told.state.is_terminal() && r.state == told.state {
-                call.verified = true;
+            let before = out.len();
+            if let Some(told) = &call.told {
+                let settled = matches!(
+                    told.state,
+                    ReservationState::Settled | ReservationState::SettledWithDebt
+                );
+                if told.key != *key
+                    || r.reserved_units != told.reserved_units
+                    || !reachable(told.state, r.state)
+                    || (settled && r.actual_units != told.actual_units)
+                {
+                    out.push(wrong(format!(
+                        "told {:?} in {} ({} units, actual {:?}), the ledger has {:?} in {key} ({} units, actual {:?})",
+                        told.state, told.key, told.reserved_units, told.actual_units, r.state, r.reserved_units, r.actual_units
+                    )));
+                }
+            }
+            match r.state {
+                ReservationState::Released if !call.release => {
+                    out.push(wrong("released, but its gateway never released it".into()));
+                }
+                ReservationState::Settled | ReservationState::SettledWithDebt => {
+                    match call.settle.as_ref().map(|s| self.expected_usage(c, s)) {
+                        None => out.push(wrong("settled, but its gateway never settled it".into())),
+                        Some(expected) => {
+                            let settled: Vec<Option<u64>> = std::iter::once(r.actual_units)
+                                .chain(r.further.iter().map(|h| h.actual_units))
+                                .collect();
+                            let expected: Vec<Option<u64>> =
+                                expected.into_iter().map(Some).collect();
+                            if settled != expected {
+                                out.push(wrong(format!(
+                                    "settled with {settled:?} per dimension, its gateway reported {expected:?}"
+                                )));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if out.len() == before && r.state.is_terminal() {
+                self.calls[c].verified = true;
+            }
+        }
+    }
+
+    /// What a settle with `(actual_units, usage)` spends in each dimension
+    /// of the call's route, primary first: requests 1, input as reported,
+    /// output as reported (`chat`); the units given (`embed`).
+    fn expected_usage(
+        &self,
+        c: usize,
+        (actual_units, usage): &(Option<u64>, Option<Usage>),
+    ) -> Vec<u64> {
+        match (self.calls[c].route, actual_units, usage) {
+            (Route::Embed, Some(units), _) => vec![*units],
+            (Route::Chat, None, Some(u)) => vec![
+                1,
+                u.reported_input_tokens.unwrap_or(0),
+                u.output_tokens.unwrap_or(0),
+            ],
+            (route, actual, usage) => {
+                unreachable!("{route:?} settles with {actual:?} and {usage:?}")
             }
         }
     }

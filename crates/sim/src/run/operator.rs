@@ -128,3 +128,24 @@ impl World {
         }
     }
 }
+
+impl World {
+    /// Every generation the operator was told is published is in the ledger.
+    pub(super) fn check_lines(&self, live: &Partitions, out: &mut Vec<Finding>) {
+        for line in &self.lines {
+            let (subject, route) = (TENANTS[line.tenant].name, line.route.name());
+            let held = live.keys().any(|k| {
+                k.subject == subject && k.route == route && k.policy_generation == line.generation
+            });
+            if !held {
+                out.push(finding(
+                    Gate::ModelDisagrees,
+                    format!(
+                        "{subject}/{route}: told generation {} is published, the ledger has no partition of it",
+                        line.generation
+                    ),
+                ));
+            }
+        }
+    }
+}
