@@ -27,6 +27,10 @@
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
 //!   by a settle naming the operation) and refills, racing the gateways.
+//! - Snapshots taken as the server's snapshotter takes them (the cut, then
+//!   each shard's state, racing the round's traffic); a restarted process
+//!   recovers from the last one and the log after its cut, and the checker
+//!   holds the result to the replay of the whole log.
 //! - A network that loses replies, and delivers some requests twice: an
 //!   impatient duplicate while the first is in flight, or a copy 1–40
 //!   rounds late, answered by then from the on-disk idempotency index.
@@ -65,8 +69,7 @@
 //! scheduler) — the gateways here are the simulator's own; emergency shards
 //! (issue, use during a partition, reuse, replay after restart, reconcile,
 //! remint: the server has no shard commands yet); several nodes and Kafka
-//! ownership (beyond the one zombie above); snapshots; the projector and
-//! replay; stream-cancel; a gate for "UNKNOWN never counted as unused"
+//! ownership (beyond the one zombie above); the projector and replay; stream-cancel; a gate for "UNKNOWN never counted as unused"
 //! beyond core's state machine (which has no edge from a started call to a
 //! refund). The serving loop of
 //! `reservoir_server::start_with_clock` (recover → writers → re-claim on

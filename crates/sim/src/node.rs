@@ -17,6 +17,7 @@ use reservoir_log::{Claim, EventLog, EventReader, LogEntry, LogError, Position, 
 use reservoir_server::clock::{ManualClock, SharedClock};
 use reservoir_server::recovery;
 use reservoir_server::sizing::{Sizer, SizingFailure};
+use reservoir_server::snapshot::{Cut, Snapshot};
 use reservoir_server::writer::{self, RetiredIndex, ShardState, Writers};
 use std::collections::BTreeMap;
 use tokio::sync::watch;
@@ -257,6 +258,9 @@ pub struct Node {
     stop: watch::Sender<bool>,
     fatal: watch::Receiver<Option<String>>,
     in_doubt: watch::Receiver<Option<String>>,
+    /// The last snapshot "written to the data directory": a process that
+    /// restarts recovers from it and the log after its cut.
+    pub snapshot: Option<Snapshot>,
 }
 
 impl Node {
@@ -271,13 +275,13 @@ impl Node {
         let writer_id = "sim-node-b0".to_string();
         let claim = log.inner.claim(&writer_id);
         let (writers, tasks, stop, fatal, in_doubt) = start_writers(
+            None,
             &log,
             &clock,
             &retired,
             shards,
             max_batch_commands,
-            &writer_id,
-            claim.epoch,
+            (&writer_id, claim.epoch),
         )
         .await?;
         Ok(Node {
@@ -294,7 +298,19 @@ impl Node {
             stop,
             fatal,
             in_doubt,
+            snapshot: None,
         })
+    }
+
+    /// Where a snapshot taken now resumes: the log's end, under this
+    /// writer's claim (the log has no other writer: see `snapshot`).
+    pub fn cut(&self) -> Cut {
+        Cut {
+            log_partition: 0,
+            next_offset: self.log.inner.len() as u64,
+            claim_writer_id: self.writer_id.clone(),
+            claim_epoch: self.claim_epoch,
+        }
     }
 
     /// What the writers reported since they started, if anything.
@@ -326,18 +342,25 @@ impl Node {
             fatal,
             rounds_left: rounds,
         };
-        self.restart().await?;
+        // Another process, with a data directory of its own: no snapshot.
+        self.restart(false).await?;
         Ok(zombie)
     }
 
     /// A new process after a crash or a fatal log error: a new writer id
-    /// claims the log above every claim, recovers from it and serves.
-    pub async fn restart(&mut self) -> Result<(), String> {
+    /// claims the log above every claim, recovers from the last snapshot
+    /// (with `from_snapshot`) and the log, and serves.
+    pub async fn restart(&mut self, from_snapshot: bool) -> Result<(), String> {
         self.boots += 1;
         self.writer_id = format!("sim-node-b{}", self.boots);
         let claim = self.log.inner.claim(&self.writer_id);
         self.claim_epoch = claim.epoch;
-        self.respawn().await
+        let snapshot = if from_snapshot {
+            self.snapshot.clone()
+        } else {
+            None
+        };
+        self.respawn(snapshot).await
     }
 
     /// The in-doubt path of the serving loop: writers stop after what is
@@ -364,19 +387,20 @@ impl Node {
             ));
         }
         self.claim_epoch = claim.epoch;
-        self.respawn().await?;
+        // As the serving loop: only a process's first recovery reads the snapshot.
+        self.respawn(None).await?;
         Ok(panics)
     }
 
-    async fn respawn(&mut self) -> Result<(), String> {
+    async fn respawn(&mut self, snapshot: Option<Snapshot>) -> Result<(), String> {
         let (writers, tasks, stop, fatal, in_doubt) = start_writers(
+            snapshot,
             &self.log,
             &self.clock,
             &self.retired,
             self.shards,
             self.max_batch_commands,
-            &self.writer_id,
-            self.claim_epoch,
+            (&self.writer_id, self.claim_epoch),
         )
         .await?;
         self.writers = writers;
@@ -415,15 +439,15 @@ type Started = (
 );
 
 async fn start_writers(
+    snapshot: Option<Snapshot>,
     log: &Arc<SimLog>,
     clock: &ManualClock,
     retired: &Arc<RetiredIndex>,
     shards: usize,
     max_batch_commands: usize,
-    writer_id: &str,
-    claim_epoch: u64,
+    (writer_id, claim_epoch): (&str, u64),
 ) -> Result<Started, String> {
-    let recovered = recovery::recover(&**log, shards, None, retired)
+    let recovered = recovery::recover(&**log, shards, snapshot, retired)
         .await
         .map_err(|e| format!("recovery failed: {e}"))?;
     let (stop_tx, stop_rx) = watch::channel(false);

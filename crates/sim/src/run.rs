@@ -180,6 +180,12 @@ async fn run_async(seed: u64, config: &RunConfig) -> RunOutcome {
     world.finish(round)
 }
 
+/// One shard's part of a snapshot (`reservoir_server::snapshot::capture`).
+type SnapshotPart = (
+    Vec<reservoir_server::snapshot::SnapPartition>,
+    Vec<(String, String, PartitionKey)>,
+);
+
 /// The fault a round arms.
 #[derive(Default)]
 struct Fault {
@@ -202,6 +208,8 @@ enum Origin {
     Planted(String),
     /// A copy of a call's request the network delivered late.
     Late(usize, Phase),
+    /// One shard's part of a snapshot being taken.
+    Snapshot(usize),
 }
 
 struct World {
@@ -216,6 +224,8 @@ struct World {
     /// The old process's writers after a take-over, while they run.
     zombie: Option<crate::node::Zombie>,
     zombies: bool,
+    /// A snapshot being taken this round: its cut, and each shard's part.
+    taking: Option<(reservoir_server::snapshot::Cut, Vec<Option<SnapshotPart>>)>,
     /// Copies of call requests the network holds: (round due, call, phase).
     delayed: Vec<(usize, usize, Phase)>,
     round: usize,
@@ -275,6 +285,7 @@ impl World {
             planted: VecDeque::new(),
             zombie: None,
             zombies: config.zombies,
+            taking: None,
             delayed: Vec::new(),
             round: 0,
             quiet: false,
@@ -422,6 +433,7 @@ impl World {
             self.deliver(origin, reply, lost);
         }
         self.node.log.inner.fail_next_appends(0);
+        self.finish_snapshot();
         panics.extend(self.age_zombie().await);
         for panic in panics {
             self.findings.push(finding(
@@ -495,6 +507,15 @@ impl World {
             if let Some(operator) = self.operator_request(quiet) {
                 requests.push(operator);
             }
+            if !quiet && self.taking.is_none() && self.rng.chance(50) {
+                // As the snapshotter: the cut first, then every shard's state
+                // (each between two batches, racing this round's traffic).
+                let shards = self.node.writers.shards();
+                self.taking = Some((self.node.cut(), vec![None; shards]));
+                for shard in 0..shards {
+                    requests.push((Origin::Snapshot(shard), shard, Request::Snapshot));
+                }
+            }
             // In the quiet drain the network delivers everything it held.
             let (late, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
                 .into_iter()
@@ -554,6 +575,34 @@ impl World {
         )
     }
 
+    /// A snapshot every shard answered for is "written"; one a shard failed
+    /// (its batch's append failed, the node crashed) is not.
+    fn finish_snapshot(&mut self) {
+        let Some((cut, parts)) = self.taking.take() else {
+            return;
+        };
+        if parts.iter().any(Option::is_none) {
+            self.note("  snapshot not written: a shard did not answer".into());
+            return;
+        }
+        let mut snapshot = reservoir_server::snapshot::Snapshot {
+            format: reservoir_server::snapshot::FORMAT.to_string(),
+            cuts: vec![cut],
+            partitions: Vec::new(),
+            active: Vec::new(),
+        };
+        for (partitions, active) in parts.into_iter().flatten() {
+            snapshot.partitions.extend(partitions);
+            snapshot.active.extend(active);
+        }
+        let next_offset = snapshot.cuts[0].next_offset;
+        self.note(format!(
+            "  snapshot written, cut at log offset {next_offset}"
+        ));
+        self.count("snapshot written");
+        self.node.snapshot = Some(snapshot);
+    }
+
     /// The zombie runs one round less; it is killed once fenced or out of
     /// rounds. Returns the panic messages of its tasks.
     async fn age_zombie(&mut self) -> Vec<String> {
@@ -585,7 +634,10 @@ impl World {
         let result = if crashed {
             self.note("  node restarts after the crash".into());
             self.count("restart");
-            self.node.restart().await.map(|()| Vec::new())
+            if self.node.snapshot.is_some() {
+                self.count("restart from a snapshot");
+            }
+            self.node.restart(true).await.map(|()| Vec::new())
         } else {
             match self.node.trouble() {
                 None => return,
@@ -604,7 +656,7 @@ impl World {
                     self.note(format!("  fatal ({reason}): node restarts"));
                     self.count("restart");
                     let panics = self.node.crash().await;
-                    self.node.restart().await.map(|()| panics)
+                    self.node.restart(true).await.map(|()| panics)
                 }
             }
         };
@@ -642,6 +694,17 @@ impl World {
                 self.note(format!("  planted {what} -> {outcome}"));
             }
             Origin::Late(c, phase) => self.late_copy(c, phase, reply),
+            Origin::Snapshot(shard) => {
+                let part = match reply {
+                    Ok(Answer::Snapshot(state)) if !lost => {
+                        Some(reservoir_server::snapshot::capture(&state))
+                    }
+                    _ => None,
+                };
+                if let Some((_, parts)) = self.taking.as_mut() {
+                    parts[shard] = part;
+                }
+            }
         }
     }
 
