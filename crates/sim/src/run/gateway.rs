@@ -60,8 +60,8 @@ pub(super) struct Call {
     pub(super) reserve_duplicated: bool,
     pub(super) told: Option<Told>,
     pub(super) refused: bool,
-    /// The ledger was seen holding the finished record the gateway was told
-    /// of: a finished record never changes, so it is checked again only
+    /// The ledger was seen holding this call's record finished, as the model
+    /// expects: a finished record never changes, so it is checked again only
     /// after the node was rebuilt from the log.
     pub(super) verified: bool,
 }
