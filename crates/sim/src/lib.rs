@@ -47,7 +47,7 @@
 //!   (Kafka's: the writer pipelines batches); 1–3 shards; batches of 2–64.
 //!
 //! ## What it found
-//! With `--zombies`, within a few hundred interleavings: a writer whose
+//! With `--zombies`, within a few interleavings: a writer whose
 //! claim was superseded answers *rejections* from its stale memory, with no
 //! log round-trip, so nothing fences them — a settle refused `WrongState
 //! (Reserved)` for a call the new writer had started, a start or release
@@ -56,6 +56,11 @@
 //! lease on the claim) before it is answered. Off by default until the
 //! server decides; e.g. `reservoir-sim --seed 3 --steps 200 --zombies` (52 of
 //! 300 interleavings, seeds 1–300, found one; no other gate fired).
+//!
+//! The gates `duplicate_refund` and `available_negative` have no plant:
+//! core's state machine has no second end for a reservation and every term
+//! is an unsigned, checked integer, so only a broken core could reach them;
+//! they are backstops.
 //!
 //! Not a bug, but a contract a client must know: a refusal is not a
 //! receipt (it makes no record), so a second copy of a refused reserve (an
@@ -121,6 +126,11 @@
 //! - `lost-write`: what the log *answers*: every 23rd append is acknowledged
 //!   without being written, so acknowledged steps are missing from the log
 //!   (and from the state a restart rebuilds).
+//! - `index-forgets`: what the writer *reads*: after every check the
+//!   writers' global id index (`Writers::index`, shared with the shards)
+//!   loses the ids held by closed generations, so a reserve retried or
+//!   delivered late for one of them is decided anew in the active
+//!   generation: a second debit for one id.
 
 pub mod check;
 pub mod node;

@@ -48,16 +48,26 @@ pub enum Plant {
     /// Every 23rd append is acknowledged but never written (a log that
     /// answers before its write is durable): acknowledged steps are lost.
     LostWrite,
+    /// The writers' id index forgets the reservations of closed
+    /// generations (what the writer *reads*): a reserve retried there is
+    /// decided anew in the active generation, a second debit.
+    IndexForgets,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 3] = [Plant::DoubleRefund, Plant::DebtNotCarried, Plant::LostWrite];
+    pub const ALL: [Plant; 4] = [
+        Plant::DoubleRefund,
+        Plant::DebtNotCarried,
+        Plant::LostWrite,
+        Plant::IndexForgets,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Plant::DoubleRefund => "double-refund",
             Plant::DebtNotCarried => "debt-not-carried",
             Plant::LostWrite => "lost-write",
+            Plant::IndexForgets => "index-forgets",
         }
     }
 
@@ -732,6 +742,14 @@ impl World {
         );
         self.check_model(&live, &mut out);
         self.check_lines(&live, &mut out);
+        if self.plant == Some(Plant::IndexForgets) {
+            let mut index = self.node.writers.index.write().expect("index lock");
+            for p in live.values().filter(|p| p.closed) {
+                for id in p.reservations.keys() {
+                    index.remove(id);
+                }
+            }
+        }
         if with_recovery {
             match reservoir_server::recovery::recover(
                 &*self.node.log,
