@@ -62,10 +62,13 @@ pub enum Gate {
     WriterBroke,
     /// An answer no correct ledger gives to what the gateway asked.
     UnexpectedAnswer,
+    /// The run panicked outside a writer task (an assertion of core's on
+    /// the mirror, or of the simulator's own); the seed replays it.
+    Panicked,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 16] = [
+    pub const ALL: [Gate; 17] = [
         Gate::Conservation,
         Gate::MovePairs,
         Gate::AvailableNegative,
@@ -82,6 +85,7 @@ impl Gate {
         Gate::UnknownUnresolved,
         Gate::WriterBroke,
         Gate::UnexpectedAnswer,
+        Gate::Panicked,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +106,7 @@ impl Gate {
             Gate::UnknownUnresolved => "unknown_unresolved",
             Gate::WriterBroke => "writer_broke",
             Gate::UnexpectedAnswer => "unexpected_answer",
+            Gate::Panicked => "panicked",
         }
     }
 }

@@ -43,6 +43,10 @@
 //!   process running: a new writer claims the log while the old one's
 //!   writers still answer the gateways that route to it, until an append
 //!   fences them (or they are killed 1–3 rounds later).
+//! - The idempotency index (`RetiredIndex`, RocksDB) is the real one, in a
+//!   temporary directory per run: records leave memory after a 20 s window
+//!   and retries are answered from it. It is the only RocksDB in the loop
+//!   (the log is the memory log), opened once per run (a few ms).
 //! - The log is either unordered (the embedded log's contract) or ordered
 //!   (Kafka's: the writer pipelines batches); 1–3 shards; batches of 2–64.
 //!

@@ -141,12 +141,30 @@ impl RunOutcome {
 }
 
 /// Runs one interleaving on a fresh single-threaded runtime.
+/// A panic outside the writer tasks (an assertion of core's on the
+/// checker's mirror, or of the simulator's own) is a finding of its seed,
+/// not the end of a many-seed run.
 pub fn run(seed: u64, config: &RunConfig) -> RunOutcome {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .expect("a current-thread runtime");
-    runtime.block_on(run_async(seed, config))
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(run_async(seed, config))
+    }));
+    ran.unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string());
+        RunOutcome {
+            seed,
+            steps: config.steps,
+            findings: vec![finding(Gate::Panicked, message)],
+            ..RunOutcome::default()
+        }
+    })
 }
 
 async fn run_async(seed: u64, config: &RunConfig) -> RunOutcome {
