@@ -218,6 +218,9 @@ impl Mirror {
                 }
             }
             *self.events.entry(event.body.type_name()).or_default() += 1;
+            if let Some(path) = settle_path(event) {
+                *self.events.entry(path).or_default() += 1;
+            }
             let p = self.partitions.entry(key.clone()).or_default();
             if let Err(err) = try_apply(p, event) {
                 let gate = match err {
@@ -251,6 +254,40 @@ impl Mirror {
                 (debt > 0).then(|| (k.clone(), debt))
             })
     }
+}
+
+/// Which way a settle went (in any dimension), for the coverage table.
+fn settle_path(event: &reservoir_core::Event) -> Option<&'static str> {
+    let EventBody::Settled {
+        refunded_units,
+        from_available_units,
+        overdraft_units,
+        from_usage_unknown,
+        ..
+    } = &event.body
+    else {
+        return None;
+    };
+    let mut amounts = vec![(*refunded_units, *from_available_units, *overdraft_units)];
+    for a in &event.further {
+        if let DimensionAmounts::Settled {
+            refunded_units,
+            from_available_units,
+            overdraft_units,
+            ..
+        } = a
+        {
+            amounts.push((*refunded_units, *from_available_units, *overdraft_units));
+        }
+    }
+    let any = |f: fn(&(u64, u64, u64)) -> bool| amounts.iter().any(f);
+    Some(match () {
+        _ if *from_usage_unknown => "settle: of a USAGE_UNKNOWN, by operation receipt",
+        _ if any(|a| a.2 > 0) => "settle: above the reservation, into debt",
+        _ if any(|a| a.1 > 0) => "settle: above the reservation, from available",
+        _ if any(|a| a.0 > 0) => "settle: below the reservation",
+        _ => "settle: exactly the reservation",
+    })
 }
 
 /// The gates over one set of partitions (the live state or the mirror):
