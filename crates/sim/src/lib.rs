@@ -114,7 +114,7 @@
 //!
 //! ## Planted bugs
 //! [`Plant`] switches on a known bug, to show the checker fails; the test
-//! asserts each is found and how many interleavings it took. Both are
+//! asserts each is found and how many interleavings it took. All are
 //! planted in the simulator, at boundaries it owns, never in the server or
 //! core: a cargo feature of the server would be unified into the workspace
 //! build (`cargo test --workspace` builds each crate once, with the union of

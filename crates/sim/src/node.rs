@@ -3,11 +3,13 @@
 //! `reservoir_server::recovery::recover`, on a `ManualClock`.
 //!
 //! The node's life mirrors the serving loop of
-//! `reservoir_server::start_with_clock` without HTTP, the projector or
-//! snapshots: recover → spawn the writers → run until the log is in doubt
-//! (stop the writers, re-claim, recover again) or fails fatally or the node
-//! crashes (a new process: a new writer id claims the log and recovers). That
-//! loop is re-stated here (about 40 lines), not shared: see the crate docs.
+//! `reservoir_server::start_with_clock` without HTTP or the projector:
+//! recover (a new process from its last snapshot and the log) → spawn the
+//! writers → run until the log is in doubt (stop the writers, re-claim,
+//! recover from the log again) or fails fatally or the node crashes (a new
+//! process: a new writer id claims the log and recovers), or another process
+//! takes the log over while this one runs on ([`Zombie`]). That loop is
+//! re-stated here, not shared: see the crate docs.
 
 use std::sync::Arc;
 

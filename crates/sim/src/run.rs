@@ -36,7 +36,7 @@ use gateway::{Call, Phase};
 use operator::Line;
 
 /// A bug the simulator plants on purpose, to show that the checker fails.
-/// Both live in the simulator, at the boundaries it owns (see the crate docs).
+/// All live in the simulator, at the boundaries it owns (see the crate docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plant {
     /// A release in a closed generation is credited a second time into the
