@@ -109,7 +109,7 @@
 //! or a patched tokio for the whole workspace, and hide the one thing we must
 //! control: when each batch is decided, appended and answered. Rounds and
 //! waves over the real pipeline, with faults at our own trait boundary, keep
-//! that explicit in about 2,000 lines; revisit when the HTTP path and
+//! that explicit in about 3,000 lines; revisit when the HTTP path and
 //! several nodes join (turmoil then fits best).
 //!
 //! ## Planted bugs
