@@ -79,12 +79,12 @@
 //! scheduler) — the gateways here are the simulator's own; emergency shards
 //! (issue, use during a partition, reuse, replay after restart, reconcile,
 //! remint: the server has no shard commands yet); several nodes and Kafka
-//! ownership (beyond the one zombie above); the projector and replay; stream-cancel; a gate for "UNKNOWN never counted as unused"
-//! beyond core's state machine (which has no edge from a started call to a
-//! refund). The serving loop of
-//! `reservoir_server::start_with_clock` (recover → writers → re-claim on
-//! doubt) is re-stated in [`node`] rather than shared, so a change there must
-//! be mirrored here. The sweeper's loop is re-stated too (`CollectDue`, then
+//! ownership (beyond the one zombie above); the projector and replay;
+//! stream-cancel; a gate for "UNKNOWN never counted as unused" beyond core's
+//! state machine (which has no edge from a started call to a refund). The
+//! serving loop of `reservoir_server::start_with_clock` (recover → writers →
+//! re-claim on doubt) is re-stated in [`node`] rather than shared, so a
+//! change there must be mirrored here. The sweeper's loop is re-stated too (`CollectDue`, then
 //! the commands), because the shard answers refills in hash-map order
 //! (foldhash with per-process keys): the simulator sorts them, the server
 //! does not need to.
