@@ -1,0 +1,160 @@
+//! # reservoir-sim
+//!
+//! A deterministic simulation of Reservoir's write path: simulated gateways
+//! drive the **real** writer pipeline (`reservoir_server::writer`: batching,
+//! speculative apply, undo through core savepoints, pipelined batches in
+//! flight), its recovery (`reservoir_server::recovery::recover`) and the
+//! sweeper's commands, over the memory log with its faults injected, under
+//! a `ManualClock`, from one `u64` seed, in one thread. A checker runs after
+//! every step. It is the start of issue 18's release gate.
+//!
+//! - [`run`]: one interleaving (a seed): the world, its rounds, the
+//!   gateways' client behaviour and the reference model of what they were told.
+//! - [`check`]: the gates (conservation, move pairs, admission while in debt,
+//!   second debits and refunds, debt left behind, log vs live vs recovery).
+//! - [`node`]: one ledger node: writers, recovery, crash, re-claim; the log wrapper.
+//! - [`workload`]: tenants, routes and policies. [`report`]: figures and the gate table.
+//!
+//! ## What is simulated
+//! - Gateways (3, up to 4 calls each) that reserve, start, settle below and
+//!   above the reservation, and release, for 3 tenants (weights 1, 2, 3) on
+//!   two routes: `chat` limits requests, input and output tokens (sized
+//!   reserves, settles from usage), `embed` limits tokens and rolls its
+//!   accounting epoch every hour. A call whose answer is lost is UNKNOWN; its
+//!   gateway retries the same request, with the same id and digest, until it
+//!   learns the outcome. It never invents a new id for a call.
+//! - An operator publishing new generations and rolling back, with
+//!   reservations in flight; each change retried as it was until answered.
+//! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
+//!   by a settle naming the operation) and refills, racing the gateways.
+//! - Snapshots taken as the server's snapshotter takes them (the cut, then
+//!   each shard's state, racing the round's traffic); a restarted process
+//!   recovers from the last one and the log after its cut, and the checker
+//!   holds the result to the replay of the whole log.
+//! - A network that loses replies, and delivers some requests twice: an
+//!   impatient duplicate while the first is in flight, or a copy 1–40
+//!   rounds late, answered by then from the on-disk idempotency index.
+//! - Ledger faults: failed appends, an append written but its answer lost
+//!   (in doubt: the node re-claims the log and rebuilds), a fatal append (the
+//!   node restarts), a crash with batches in flight (appends held, the writer
+//!   tasks aborted, a new process claims the log and recovers), replies lost
+//!   on the way back, clock jumps past leases, execution limits and epochs.
+//! - With `--zombies` (`RunConfig::zombies`), a take-over that leaves the old
+//!   process running: a new writer claims the log while the old one's
+//!   writers still answer the gateways that route to it, until an append
+//!   fences them (or they are killed 1–3 rounds later).
+//! - The idempotency index (`RetiredIndex`, RocksDB) is the real one, in a
+//!   temporary directory per run: records leave memory after a 20 s window
+//!   and retries are answered from it. It is the only RocksDB in the loop
+//!   (the log is the memory log), opened once per run (a few ms).
+//! - The log is either unordered (the embedded log's contract) or ordered
+//!   (Kafka's: the writer pipelines batches); 1–3 shards; batches of 2–64.
+//!
+//! ## What it found
+//! With `--zombies`, within a few interleavings: a writer whose
+//! claim was superseded answers *rejections* from its stale memory, with no
+//! log round-trip, so nothing fences them — a settle refused `WrongState
+//! (Reserved)` for a call the new writer had started, a start or release
+//! refused `UnknownReservation` for one the new writer had made. Only
+//! appends are fenced; a definitive refusal needs the same read-back (or a
+//! lease on the claim) before it is answered. Off by default until the
+//! server decides; e.g. `reservoir-sim --seed 3 --steps 200 --zombies` (52 of
+//! 300 interleavings, seeds 1–300, found one; no other gate fired).
+//!
+//! The gates `duplicate_refund` and `available_negative` have no plant:
+//! core's state machine has no second end for a reservation and every term
+//! is an unsigned, checked integer, so only a broken core could reach them;
+//! they are backstops.
+//!
+//! Not a bug, but a contract a client must know: a refusal is not a
+//! receipt (it makes no record), so a second copy of a refused reserve (an
+//! impatient duplicate, a late packet) can be admitted after it. A client
+//! that takes the first refusal as final while another copy is in flight
+//! holds a reservation it does not know of until its lease expires.
+//!
+//! ## What is not simulated yet
+//! HTTP between gateway and ledger, and a network partition of a gateway
+//! (lost replies, duplicates and late copies are the network faults); the real
+//! client crate (`crates/client`: its retry loop, streaming guard, fair
+//! scheduler) — the gateways here are the simulator's own; emergency shards
+//! (issue, use during a partition, reuse, replay after restart, reconcile,
+//! remint: the server has no shard commands yet); several nodes and Kafka
+//! ownership (beyond the one zombie above); the projector and replay;
+//! stream-cancel; a gate for "UNKNOWN never counted as unused" beyond core's
+//! state machine (which has no edge from a started call to a refund). The
+//! serving loop of `reservoir_server::start_with_clock` (recover → writers →
+//! re-claim on doubt) is re-stated in [`node`] rather than shared, so a
+//! change there must be mirrored here. The sweeper's loop is re-stated too (`CollectDue`, then
+//! the commands), because the shard answers refills in hash-map order
+//! (foldhash with per-process keys): the simulator sorts them, the server
+//! does not need to.
+//!
+//! ## Determinism
+//! One ChaCha8 stream per run, seeded from the seed, decides everything the
+//! world does, in a fixed order; the whole run is one `current_thread` tokio
+//! runtime, where tasks run in the order they were woken. Nothing sleeps:
+//! appends are held in flight with a channel, not a timer, and the only
+//! timer left (the writer's 30 s wait for a commit) never fires. Tokio's
+//! `test-util` (paused time) is not used: enabling a tokio feature from this
+//! crate would unify into every crate of a workspace build and compile tokio
+//! and the server a second time. What reaches the trace is what the callers
+//! learnt (no log positions, no hash-map orders), and the trace hash is the
+//! SHA-256 of its lines: the same seed gives the same hash, which a test asserts.
+//!
+//! ## Why a purpose-built scheduler
+//! The code under test is tokio code in one process, talking over channels,
+//! a trait (`EventLog`) and a clock we inject. A simulation crate that runs
+//! tokio code on simulated hosts and a simulated network (turmoil, madsim)
+//! would buy the network (not simulated yet) at the price of its own runtime
+//! or a patched tokio for the whole workspace, and hide the one thing we must
+//! control: when each batch is decided, appended and answered. Rounds and
+//! waves over the real pipeline, with faults at our own trait boundary, keep
+//! that explicit in about 3,000 lines; revisit when the HTTP path and
+//! several nodes join (turmoil then fits best).
+//!
+//! ## Planted bugs
+//! [`Plant`] switches on a known bug, to show the checker fails; the test
+//! asserts each is found and how many interleavings it took. All are
+//! planted in the simulator, at boundaries it owns, never in the server or
+//! core: a cargo feature of the server would be unified into the workspace
+//! build (`cargo test --workspace` builds each crate once, with the union of
+//! features), so either the shipped code would carry the bug's switch or the
+//! server would be compiled twice. The plants:
+//! - `double-refund`: what the writer *receives*: when a release is answered
+//!   in a closed generation, the simulator sends the active generation a
+//!   `MoveIn` of the same units that never left (the refund credited twice).
+//! - `debt-not-carried`: what the writer *writes*: the log wrapper drops the
+//!   debt of the `MovedOut`/`MovedIn` of a generation switch or rollback (a
+//!   codec that loses a field), so the debt stays behind in the closed
+//!   generation of the log while the writer's memory carried it.
+//! - `lost-write`: what the log *answers*: every 23rd append is acknowledged
+//!   without being written, so acknowledged steps are missing from the log
+//!   (and from the state a restart rebuilds).
+//! - `index-forgets`: what the writer *reads*: after every check the
+//!   writers' global id index (`Writers::index`, shared with the shards)
+//!   loses the ids held by closed generations, so a reserve retried or
+//!   delivered late for one of them is decided anew in the active
+//!   generation: a second debit for one id.
+
+pub mod check;
+pub mod node;
+pub mod report;
+mod rng;
+pub mod run;
+pub mod workload;
+
+pub use check::{Finding, Gate};
+pub use report::Summary;
+pub use run::{policies_valid, run, Plant, RunConfig, RunOutcome};
+
+/// The one command that replays a run of `config` exactly.
+pub fn replay_command(seed: u64, config: &RunConfig) -> String {
+    let plant = config
+        .plant
+        .map_or(String::new(), |p| format!(" --plant {}", p.name()));
+    let zombies = if config.zombies { " --zombies" } else { "" };
+    format!(
+        "reservoir-sim --seed {seed} --steps {}{plant}{zombies}",
+        config.steps
+    )
+}
