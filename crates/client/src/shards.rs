@@ -318,20 +318,7 @@ impl ShardBook {
             "ttl_ms": ttl_ms,
         });
         let url = format!("{}/v1/shards", base_url.trim_end_matches('/'));
-        let response = http
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
-        let status = response.status().as_u16();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
-        if status != 200 && status != 201 {
-            return Err(ReconcileError::Refused { status, body: text });
-        }
+        let (status, text) = post_for_success(http, url, &body).await?;
         let document: ShardDocument =
             serde_json::from_str(&text).map_err(|e| ReconcileError::Refused {
                 status,
@@ -426,23 +413,7 @@ impl ShardBook {
             "{}/v1/shards/{shard_id}/reconcile",
             base_url.trim_end_matches('/')
         );
-        let response = http
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
-        let status = response.status().as_u16();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| ReconcileError::Unavailable(e.to_string()))?;
-        if status == 503 {
-            return Err(ReconcileError::Unavailable(text));
-        }
-        if status != 200 && status != 201 {
-            return Err(ReconcileError::Refused { status, body: text });
-        }
+        let (status, text) = post_for_success(http, url, &body).await?;
         let outcome: ReconcileOutcome =
             serde_json::from_str(&text).map_err(|e| ReconcileError::Refused {
                 status,
@@ -556,6 +527,30 @@ impl LocalHold for ShardHold {
 
     fn release(&self) {
         self.finish("RELEASED", 0);
+    }
+}
+
+/// POSTs `body` to `url`: a 200 or 201 gives its status and body text; no
+/// answer or a 503 is [`ReconcileError::Unavailable`] (try again later), any
+/// other status [`ReconcileError::Refused`].
+async fn post_for_success(
+    http: &reqwest::Client,
+    url: String,
+    body: &serde_json::Value,
+) -> Result<(u16, String), ReconcileError> {
+    let unavailable = |e: reqwest::Error| ReconcileError::Unavailable(e.to_string());
+    let response = http
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .map_err(unavailable)?;
+    let status = response.status().as_u16();
+    let text = response.text().await.map_err(unavailable)?;
+    match status {
+        200 | 201 => Ok((status, text)),
+        503 => Err(ReconcileError::Unavailable(text)),
+        _ => Err(ReconcileError::Refused { status, body: text }),
     }
 }
 

@@ -358,6 +358,23 @@ async fn sigkill_mid_batch_loses_nothing_acknowledged() {
     );
 }
 
+async fn post(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: &Value,
+) -> (StatusCode, Value) {
+    split(
+        client
+            .post(format!("{base}{path}"))
+            .json(body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
 fn placeholder() -> ServerProcess {
     // A finished process standing in while the real one restarts.
     let child = Command::new("true").spawn().unwrap();
@@ -377,15 +394,8 @@ async fn sigterm_finishes_the_batch_in_flight() {
         .build()
         .unwrap();
     let p = policy("t", "r", 1, 1_000_000_000, 0);
-    let (status, _) = split(
-        client
-            .post(format!("{}/v1/policies", server.base))
-            .json(&json!({"accounting_epoch": "e", "policy": p}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let body = json!({"accounting_epoch": "e", "policy": p});
+    let (status, _) = post(&client, &server.base, "/v1/policies", &body).await;
     assert_eq!(status, StatusCode::CREATED);
     let acked: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut tasks = Vec::new();
@@ -437,26 +447,11 @@ async fn sigterm_is_not_held_open_by_a_request_never_finished() {
     let mut server = spawn_server_with(dir.path(), &["--shutdown-grace-ms", "300"]).await;
     let client = reqwest::Client::new();
     let p = policy("t", "r", 1, 1_000, 0);
-    let (status, _) = split(
-        client
-            .post(format!("{}/v1/policies", server.base))
-            .json(&json!({"accounting_epoch": "e", "policy": p}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let body = json!({"accounting_epoch": "e", "policy": p});
+    let (status, _) = post(&client, &server.base, "/v1/policies", &body).await;
     assert_eq!(status, StatusCode::CREATED);
     let body = json!({"id": "kept", "subject": "t", "route": "r", "units": 10});
-    let (status, _) = split(
-        client
-            .post(format!("{}/v1/reservations", server.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (status, _) = post(&client, &server.base, "/v1/reservations", &body).await;
     assert_eq!(status, StatusCode::CREATED);
     // Headers complete, a body of 100 bytes announced, 10 sent: the request
     // is in flight for as long as this client keeps the connection.
