@@ -30,6 +30,24 @@ impl From<Retired> for RetiredRecord {
 }
 
 impl Shard {
+    /// This shard's committed state for a snapshot, unless the log is in
+    /// doubt or failed: a failed append's batch was undone here although its
+    /// records may have landed, so a snapshot now would pair a cut after them
+    /// with a state without them, and a restart from it would skip them
+    /// (found by reservoir-sim, seed 6859 of a 6,000-interleaving run).
+    fn snapshot(&self) -> Result<Answer, Failure> {
+        let trouble = self
+            .in_doubt
+            .borrow()
+            .clone()
+            .or_else(|| self.fatal.borrow().clone());
+        if let Some(reason) = trouble {
+            return Err(Failure::Unavailable(format!(
+                "no snapshot until the writers are rebuilt from the log ({reason})"
+            )));
+        }
+        Ok(Answer::Snapshot(Box::new(self.state.clone())))
+    }
     pub(super) fn decide_one(&mut self, batch: &mut Batch, request: Request) -> Pending {
         match request {
             Request::Publish {
@@ -74,7 +92,7 @@ impl Shard {
                 usage,
             } => self.settle(batch, key, id, operation_id, actual_units, usage),
             Request::Get { key, id } => self.get(batch, &key, &id),
-            Request::Snapshot => Pending::Ready(Ok(Answer::Snapshot(Box::new(self.state.clone())))),
+            Request::Snapshot => Pending::Ready(self.snapshot()),
             Request::Partitions => Pending::Ready(Ok(Answer::Partitions(
                 self.state
                     .partitions
