@@ -90,25 +90,28 @@ impl Default for Published {
 struct Live {
     projections: Projections,
     log_partitions: u32,
-    /// The end of a log partition as the projector's log sees it: a
-    /// `min_position` at or past it names no entry that was ever written.
-    log_end: LogEnd,
+    /// Whether the projector's log holds an entry at a position within a
+    /// timeout ([`EventReader::wait_for`]): a `min_position` it does not
+    /// hold names no entry that was ever written.
+    log_has: LogHas,
 }
 
-/// [`EventReader::end_offset`] of the log the projector follows, type-erased.
-type LogEnd = Arc<
+/// [`EventReader::wait_for`] of the log the projector follows, type-erased.
+type LogHas = Arc<
     dyn Fn(
             u32,
+            u64,
+            Duration,
         ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<u64, reservoir_log::LogError>> + Send>,
+            Box<dyn std::future::Future<Output = Result<bool, reservoir_log::LogError>> + Send>,
         > + Send
         + Sync,
 >;
 
-fn log_end<L: EventReader>(log: Arc<L>) -> LogEnd {
-    Arc::new(move |lp| {
+fn log_has<L: EventReader>(log: Arc<L>) -> LogHas {
+    Arc::new(move |lp, offset, timeout| {
         let log = log.clone();
-        Box::pin(async move { log.end_offset(lp).await })
+        Box::pin(async move { log.wait_for(lp, offset, timeout).await })
     })
 }
 
@@ -302,7 +305,7 @@ async fn follow<L: EventReader>(
                         handle.set(Some(Live {
                             projections: projector.projections(),
                             log_partitions: log.log_partitions(),
-                            log_end: log_end(log.clone()),
+                            log_has: log_has(log.clone()),
                         }));
                         projector.run(stop.clone()).await
                     }

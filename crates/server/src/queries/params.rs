@@ -151,30 +151,25 @@ pub(super) async fn projection(queries: &QueryHandle, c: &Consistency) -> Result
 /// a position a client holds was written before it asked.
 const LOG_END_GRACE: Duration = Duration::from_millis(300);
 
-/// 409 `position_beyond_log` when `position` is at or past the end of its log
-/// partition (after at most [`LOG_END_GRACE`], or `wait_ms` if shorter).
+/// 409 `position_beyond_log` when the log holds no entry at `position`
+/// (after at most [`LOG_END_GRACE`], or `wait_ms` if shorter).
 async fn beyond_the_log(live: &Live, position: Position, wait_ms: u64) -> Result<(), ApiError> {
     let lp = position.log_partition;
-    let deadline = tokio::time::Instant::now() + LOG_END_GRACE.min(Duration::from_millis(wait_ms));
-    loop {
-        let end = (live.log_end)(lp)
-            .await
-            .map_err(|e| ApiError::unavailable(format!("log end of partition {lp}: {e}")))?;
-        if position.offset < end {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "position_beyond_log",
-                format!(
-                    "min_position {lp}:{} is past the end of log partition {lp} (its next offset is {end}): no write was answered with it",
-                    position.offset
-                ),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    let grace = LOG_END_GRACE.min(Duration::from_millis(wait_ms));
+    let held = (live.log_has)(lp, position.offset, grace)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("log partition {lp}: {e}")))?;
+    if held {
+        return Ok(());
     }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "position_beyond_log",
+        format!(
+            "min_position {lp}:{} is past the end of log partition {lp}: no write was answered with it",
+            position.offset
+        ),
+    ))
 }
 
 pub(super) fn projected_to(live: &Live) -> Result<Vec<u64>, ApiError> {
