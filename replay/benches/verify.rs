@@ -15,7 +15,8 @@
 //! Timed: `reservoir-replay verify --balances-only` and full `verify` (every
 //! reservation record too) on the embedded log, the median (and the best) of `BENCH_ROUNDS`
 //! (default 3). With `RESERVOIR_TEST_BROKERS` set, also a Kafka topic of
-//! `BENCH_KAFKA_EVENTS` events (default 1,000,000) read from the broker.
+//! `BENCH_KAFKA_EVENTS` events (default 1,000,000) read from the broker, the
+//! same number of rounds.
 //!
 //! Run: `cargo bench -p reservoir-replay --bench verify` (scripts/bench-replay).
 //! `BENCH_DIR` keeps the generated log between runs.
@@ -342,7 +343,7 @@ fn main() {
         kafka_events,
         &["--brokers", &brokers, "--topic", &topic],
         &kafka_projections,
-        1,
+        rounds,
     );
     let _ = std::fs::remove_dir_all(&kafka_projections);
 }

@@ -264,6 +264,9 @@ pub enum SourceSpec {
 }
 
 impl Source {
+    /// Entries a scan hands over at a time.
+    const SLICE: usize = 16_384;
+
     /// For a tool about to exit: removes the embedded reader's secondary
     /// directory and leaves the database's memory to the process exit
     /// instead of closing it (a Kafka source is closed as usual).
@@ -326,23 +329,62 @@ impl Source {
         until: u64,
         mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
     ) -> Result<(), crate::Stop> {
-        const SLICE: usize = 16_384;
         if let Source::Embedded(e) = self {
             check_zero(log_partition).map_err(|e| crate::Stop::Error(e.to_string()))?;
-            return e.scan_pipelined(until, SLICE, each);
+            return e.scan_pipelined(until, Self::SLICE, each);
         }
-        let mut at = 0;
-        while at < until {
-            let want = usize::try_from(until - at).unwrap_or(usize::MAX).min(SLICE);
-            let slice = self
-                .read_raw(log_partition, at, want)
-                .await
-                .map_err(|e| crate::Stop::Error(e.to_string()))?;
-            let Some(last) = slice.last() else { break };
-            at = last.position.offset + 1;
-            each(slice)?;
+        let Source::Kafka(log) = self else {
+            unreachable!("the embedded log returned above")
+        };
+        // The next slices are read (and decoded, on a blocking thread) while
+        // this one is fed: reading the topic and replaying it overlap instead
+        // of taking turns.
+        let (slices, mut received) = tokio::sync::mpsc::channel(KAFKA_SLICES_AHEAD);
+        let reader = tokio::spawn(read_ahead(log.clone(), log_partition, until, slices));
+        let fed = async {
+            while let Some(slice) = received.recv().await {
+                each(slice.map_err(|e| crate::Stop::Error(e.to_string()))?)?;
+            }
+            Ok(())
         }
-        Ok(())
+        .await;
+        reader.abort(); // done, or a stop: nothing more is wanted
+        fed
+    }
+}
+
+/// Slices a Kafka scan reads ahead of the one being fed (each up to
+/// `SLICE` entries, so this bounds the memory the read-ahead holds).
+const KAFKA_SLICES_AHEAD: usize = 2;
+
+/// Reads `[0, until)` of one log partition in slices into `slices`, until
+/// the end, the first error (sent on, then stop) or a receiver that is gone.
+async fn read_ahead(
+    log: KafkaLog,
+    log_partition: u32,
+    until: u64,
+    slices: tokio::sync::mpsc::Sender<Result<Vec<RawEntry>, LogError>>,
+) {
+    let mut at = 0;
+    while at < until {
+        let want = usize::try_from(until - at)
+            .unwrap_or(usize::MAX)
+            .min(Source::SLICE);
+        let slice = kafka_read_raw(&log, log_partition, at, want).await;
+        let next = match &slice {
+            Ok(entries) => match entries.last() {
+                Some(last) => Some(last.position.offset + 1),
+                None => return, // the end of the log, before `until`
+            },
+            Err(_) => None,
+        };
+        if slices.send(slice).await.is_err() {
+            return;
+        }
+        match next {
+            Some(next) => at = next,
+            None => return, // the error was sent on
+        }
     }
 }
 
@@ -362,7 +404,7 @@ async fn kafka_read_raw(
     from: u64,
     max: usize,
 ) -> Result<Vec<RawEntry>, LogError> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(max.min(Source::SLICE));
     let mut at = from;
     let until = from.saturating_add(max as u64);
     while at < until {

@@ -111,9 +111,20 @@ pub(super) fn build_consumer(config: &KafkaConfig) -> Result<BaseConsumer, LogEr
             config.reader_fetch_min_bytes.max(1).to_string(),
         )
         .set("auto.offset.reset", "error")
+        .set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
         .create()
         .map_err(|e| log_error("create consumer", &e))
 }
+
+/// `fetch.queue.backoff.ms` for the readers. Once a partition's prefetch
+/// queue holds `queued.min.messages` (100,000), librdkafka postpones its
+/// next fetch by this long, 1,000 ms by default: a reader draining the topic
+/// faster than that (replay, a projector catching up) then waits a second
+/// for every 100,000 entries, and reading 1 M entries took 7.5 s of which
+/// 4 s were spent waiting (bench-results/replay.md). At 1 ms librdkafka
+/// looks again as soon as the queue has room; the queue's bounds are
+/// unchanged, so memory is not.
+const FETCH_QUEUE_BACKOFF_MS: &str = "1";
 
 /// `fetch.wait.max.ms` for the readers. A broker that follows the protocol
 /// answers a waiting fetch as soon as a record arrives, so a long wait costs a

@@ -80,6 +80,8 @@ use read::{decode_claim, Decode, ReadTo, READ_PROBE};
 
 /// Default topic name.
 pub const TOPIC_DEFAULT: &str = "reservoir.events";
+/// Most entries a read allocates room for before it has seen them.
+const READ_PREALLOC_ENTRIES_MAX: usize = 16_384;
 /// Most records one `append` takes; a larger batch is refused as invalid.
 pub const APPEND_RECORDS_MAX: usize = 16_384;
 
@@ -528,7 +530,10 @@ impl Inner {
         }
         let mut heard_since_assign = continuing;
         let mut assigned = Instant::now();
-        let mut entries = Vec::new();
+        // Sized for the read up front: growing a vector of entries copies
+        // every entry again (a tenth of a drained read's time in `perf`).
+        let wanted = usize::try_from(limit - from_offset).unwrap_or(usize::MAX);
+        let mut entries = Vec::with_capacity(wanted.min(READ_PREALLOC_ENTRIES_MAX));
         let mut expected = from_offset;
         let mut last_transient: Option<LogError> = None;
         while expected < limit {

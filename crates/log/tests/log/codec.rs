@@ -58,6 +58,15 @@ fn every_entry() -> Vec<LogEntry> {
         events: fixtures::three_dimension_events(),
         ..one_event_record(reservoir_core::EventBody::Closed, 1)
     }));
+    // Generations of one digit and of the most digits a generation has: the
+    // fast reader checks each event id against its key digit by digit.
+    for generation in [0, reservoir_core::policy::MAX_GENERATION] {
+        let mut record = one_event_record(reservoir_core::EventBody::Closed, 9);
+        record.key =
+            reservoir_core::PartitionKey::new("tenant-7", "chat.generate", "2026-07", generation)
+                .unwrap();
+        entries.push(LogEntry::Record(record));
+    }
     entries.push(fixtures::claim("node-a:boot-1", 1));
     entries.push(fixtures::claim("node-b:boot-9", i64::MAX as u64));
     entries
