@@ -225,6 +225,14 @@ impl<L: EventReader> Projector<L> {
         self.step_until(None).await
     }
 
+    /// A step toward `ends` (one offset per log partition): partitions
+    /// already consumed that far are not read (an empty read can cost a
+    /// broker round trip), so a rebuild does not pay for the partitions it
+    /// has finished while it reads the rest.
+    pub async fn step_toward(&mut self, ends: &[u64]) -> Result<StepOutcome, ProjectionError> {
+        self.step_until(Some(ends)).await
+    }
+
     /// A step that skips log partitions already consumed up to `ends` (an
     /// empty read can cost a broker round trip).
     async fn step_until(&mut self, ends: Option<&[u64]>) -> Result<StepOutcome, ProjectionError> {

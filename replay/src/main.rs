@@ -489,7 +489,7 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
                     break;
                 }
                 let outcome = projector
-                    .step()
+                    .step_toward(&ends)
                     .await
                     .map_err(|e| Stop::Error(format!("the projector stopped: {e}")))?;
                 let now: u64 = projector.positions().iter().sum();
