@@ -30,6 +30,13 @@ use reservoir_core::{EventBody, Partition, PartitionKey, ShadowVerdict};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// How often histogram samples are folded into their buckets. The exporter
+/// keeps every sample it is given until `/metrics` is rendered or upkeep
+/// runs: a node nobody scraped grew by every sample of every request (about
+/// ten a reserve/start/settle cycle), and one scraped once a minute held a
+/// minute of them.
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Installs the global recorder once per process (several in-process servers in
 /// a test share it) and returns the handle that renders `/metrics`.
 pub fn install() -> PrometheusHandle {
@@ -61,6 +68,14 @@ pub fn install() -> PrometheusHandle {
                 .expect("static bucket lists are non-empty");
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || loop {
+                    std::thread::sleep(UPKEEP_INTERVAL);
+                    upkeep.run_upkeep();
+                })
+                .expect("spawn the metrics upkeep thread");
             // Another recorder may already be installed (an embedding program's): then
             // our handle still renders what is recorded through it, which is nothing;
             // say so rather than fail.

@@ -453,3 +453,29 @@ fn compose_prometheus_and_grafana_point_at_each_other() {
         }
     }
 }
+
+/// Histogram samples are folded into their buckets by a thread of the
+/// exporter's own, not only when `/metrics` is rendered: the exporter keeps
+/// every sample until one of the two, so a node nobody scraped grew with
+/// every request it served (bench-results/bounded-state.md).
+#[test]
+fn histogram_samples_are_folded_without_a_scrape() {
+    reservoir_server::telemetry::install();
+    let threads = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_string())
+            .collect()
+    };
+    // A new thread names itself once it runs; until then it has its parent's name.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !threads().iter().any(|name| name == "metrics-upkeep") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no upkeep thread among {:?}",
+            threads()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
