@@ -50,21 +50,11 @@ fn strip_key_prefix<'t>(text: &'t str, key: &PartitionKey) -> Option<&'t str> {
         .strip_prefix('|')?
         .strip_prefix(key.accounting_epoch.as_str())?
         .strip_prefix("|g")?;
-    // The generation's decimal digits, as `Display` writes them.
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    let mut left = key.policy_generation;
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (left % 10) as u8;
-        left /= 10;
-        if left == 0 {
-            break;
-        }
-    }
+    let generation = codec::Decimal::of(key.policy_generation);
+    let digits = generation.as_bytes();
     rest.as_bytes()
-        .starts_with(&digits[start..])
-        .then(|| &rest[digits.len() - start..])
+        .starts_with(digits)
+        .then(|| &rest[digits.len()..])
 }
 
 /// The fast path; `None` means "ask the canonical decoder".

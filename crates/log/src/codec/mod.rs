@@ -43,6 +43,7 @@ pub use read::{
     decode, decode_canonical, decode_fast, decode_value, decode_value_with, decode_with, peek_key,
     split_frame,
 };
+pub(crate) use write::Decimal;
 pub use write::{encode, encode_into, encode_record_into};
 
 /// Avro namespace of every schema in `schemas/`.

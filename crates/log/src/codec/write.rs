@@ -225,18 +225,34 @@ fn decimal_len(mut v: u64) -> usize {
     digits
 }
 
-fn put_decimal(out: &mut Vec<u8>, mut v: u64) {
-    let mut buf = [0u8; 20];
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
+fn put_decimal(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(Decimal::of(v).as_bytes());
+}
+
+/// A number's decimal digits as `Display` writes them, without allocating.
+pub(crate) struct Decimal {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    pub(crate) fn of(mut v: u64) -> Self {
+        let mut buf = [0u8; 20];
+        let mut start = buf.len();
+        loop {
+            start -= 1;
+            buf[start] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
         }
+        Self { buf, start }
     }
-    out.extend_from_slice(&buf[at..]);
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
 }
 
 fn branch_index(body: &EventBody) -> i64 {
