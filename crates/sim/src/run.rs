@@ -29,6 +29,8 @@ use crate::node::{Node, SimLog, Trouble};
 use crate::rng::Rng;
 use crate::workload::{self, Route, ROUTES, TENANTS};
 
+mod checking;
+mod faults;
 mod gateway;
 mod operator;
 
@@ -213,19 +215,6 @@ type SnapshotPart = (
     Vec<reservoir_server::snapshot::SnapPartition>,
     Vec<(String, String, PartitionKey)>,
 );
-
-/// The fault a round arms.
-#[derive(Default)]
-struct Fault {
-    name: String,
-    /// Appends stay in flight until the waves are out.
-    hold: bool,
-    /// The node dies with its batches in flight.
-    crash: bool,
-    take_over: bool,
-    /// Replies lost on the way back, per mille.
-    drop_per_mille: u64,
-}
 
 /// Who sent a request, so its reply goes back to them.
 enum Origin {
@@ -472,45 +461,6 @@ impl World {
         self.heal(fault.crash).await;
     }
 
-    /// At most one ledger fault per round, armed before the waves.
-    fn arm_fault(&mut self, quiet: bool) -> Fault {
-        let mut fault = Fault::default();
-        let roll = if quiet { 0 } else { self.rng.below(100) };
-        fault.name = match roll {
-            0..=54 => "none".to_string(),
-            55..=62 => {
-                let n = self.rng.range(1, 3) as usize;
-                self.node.log.inner.fail_next_appends(n);
-                format!("fail next {n} appends")
-            }
-            63..=68 => {
-                self.node.log.inner.fail_next_append_in_doubt();
-                "next append in doubt".to_string()
-            }
-            69..=70 => {
-                self.node.log.inner.fail_next_append_fatally();
-                "next append fails fatally".to_string()
-            }
-            71..=80 => {
-                fault.hold = true;
-                "appends held in flight".to_string()
-            }
-            81..=85 => {
-                (fault.hold, fault.crash) = (true, true);
-                "crash mid-batch".to_string()
-            }
-            86..=88 if self.zombies && self.zombie.is_none() => {
-                fault.take_over = true;
-                "another process takes the log over; the old one runs on".to_string()
-            }
-            _ => {
-                fault.drop_per_mille = 300;
-                "30% of replies lost".to_string()
-            }
-        };
-        fault
-    }
-
     /// The requests of one wave: in the first, the sweeper's commands, the
     /// operator's change and the copies the network delivers late; then
     /// planted requests and the gateways'.
@@ -603,108 +553,6 @@ impl World {
         )
     }
 
-    /// A snapshot every shard answered for is "written"; one a shard failed
-    /// (its batch's append failed, the node crashed) is not.
-    fn finish_snapshot(&mut self) {
-        let Some((cut, parts)) = self.taking.take() else {
-            return;
-        };
-        if parts.iter().any(Option::is_none) {
-            self.note("  snapshot not written: a shard did not answer".into());
-            return;
-        }
-        let mut snapshot = reservoir_server::snapshot::Snapshot {
-            format: reservoir_server::snapshot::FORMAT.to_string(),
-            cuts: vec![cut],
-            partitions: Vec::new(),
-            active: Vec::new(),
-        };
-        for (partitions, active) in parts.into_iter().flatten() {
-            snapshot.partitions.extend(partitions);
-            snapshot.active.extend(active);
-        }
-        let next_offset = snapshot.cuts[0].next_offset;
-        self.note(format!(
-            "  snapshot written, cut at log offset {next_offset}"
-        ));
-        self.count("snapshot written");
-        self.node.snapshot = Some(snapshot);
-    }
-
-    /// The zombie runs one round less; it is killed once fenced or out of
-    /// rounds. Returns the panic messages of its tasks.
-    async fn age_zombie(&mut self) -> Vec<String> {
-        let Some(zombie) = self.zombie.as_mut() else {
-            return Vec::new();
-        };
-        let stopped = zombie.stopped();
-        zombie.rounds_left = zombie.rounds_left.saturating_sub(1);
-        if stopped.is_none() && zombie.rounds_left > 0 {
-            return Vec::new();
-        }
-        let zombie = self.zombie.take().expect("checked");
-        match &stopped {
-            Some(reason) if reason.contains("fenced") || reason.contains("injected") => {
-                self.count("zombie fenced");
-                self.note(format!("  the zombie stopped: {reason}"));
-            }
-            Some(reason) => self.findings.push(finding(
-                Gate::WriterBroke,
-                format!("the zombie stopped: {reason}"),
-            )),
-            None => self.note("  the zombie is killed".into()),
-        }
-        zombie.kill().await
-    }
-
-    /// Rebuilds the node after a crash, a fatal log error or a log in doubt.
-    async fn heal(&mut self, crashed: bool) {
-        let result = if crashed {
-            self.note("  node restarts after the crash".into());
-            self.count("restart");
-            if self.node.snapshot.is_some() {
-                self.count("restart from a snapshot");
-            }
-            self.node.restart(true).await.map(|()| Vec::new())
-        } else {
-            match self.node.trouble() {
-                None => return,
-                Some(Trouble::InDoubt(reason)) => {
-                    self.note(format!("  log in doubt ({reason}): re-claim and rebuild"));
-                    self.count("re-claim");
-                    self.node.reclaim().await
-                }
-                Some(Trouble::Fatal(reason)) => {
-                    if !reason.contains("injected") {
-                        self.findings.push(finding(
-                            Gate::WriterBroke,
-                            format!("writer stopped: {reason}"),
-                        ));
-                    }
-                    self.note(format!("  fatal ({reason}): node restarts"));
-                    self.count("restart");
-                    let panics = self.node.crash().await;
-                    self.node.restart(true).await.map(|()| panics)
-                }
-            }
-        };
-        // Everything acknowledged is checked again against the rebuilt state.
-        for call in &mut self.calls {
-            call.verified = false;
-        }
-        match result {
-            Ok(panics) => {
-                for panic in panics {
-                    self.findings.push(finding(
-                        Gate::WriterBroke,
-                        format!("writer panicked: {panic}"),
-                    ));
-                }
-            }
-            Err(err) => self.findings.push(finding(Gate::RecoveryFailed, err)),
-        }
-    }
-
     fn deliver(&mut self, origin: Origin, reply: Reply, lost: bool) {
         match origin {
             Origin::Call(c, phase) => self.deliver_to_call(c, phase, reply, lost),
@@ -734,75 +582,6 @@ impl World {
                 }
             }
         }
-    }
-
-    /// The checker (see `check`), and the model against the ledger.
-    async fn check(&mut self, round: usize, with_recovery: bool) {
-        let mut out = Vec::new();
-        self.mirror.follow(&self.node.log, &mut out).await;
-        let live = match self.node.partitions().await {
-            Ok(live) => live,
-            Err(err) => {
-                out.push(finding(Gate::WriterBroke, err));
-                self.fail(round, out);
-                return;
-            }
-        };
-        check::check_state("live", &live, &mut out);
-        check::check_state("log", &self.mirror.partitions, &mut out);
-        check::compare(
-            Gate::LogDisagrees,
-            "log",
-            &self.mirror.partitions,
-            "live",
-            &live,
-            &mut out,
-        );
-        self.check_model(&live, &mut out);
-        self.check_lines(&live, &mut out);
-        if self.plant == Some(Plant::IndexForgets) {
-            let mut index = self.node.writers.index.write().expect("index lock");
-            for p in live.values().filter(|p| p.closed) {
-                for id in p.reservations.keys() {
-                    index.remove(id);
-                }
-            }
-        }
-        if with_recovery {
-            match reservoir_server::recovery::recover(
-                &*self.node.log,
-                self.node.shards,
-                None,
-                &self.node.retired,
-            )
-            .await
-            {
-                Ok(recovered) => {
-                    let rebuilt: Partitions = recovered
-                        .shards
-                        .into_iter()
-                        .flat_map(|s| s.partitions.into_iter().map(|(k, ps)| (k, ps.partition)))
-                        .collect();
-                    check::compare(
-                        Gate::RecoveryDisagrees,
-                        "recovered",
-                        &rebuilt,
-                        "live",
-                        &live,
-                        &mut out,
-                    );
-                }
-                Err(err) => out.push(finding(Gate::RecoveryFailed, err)),
-            }
-        }
-        self.fail(round, out);
-    }
-
-    fn fail(&mut self, round: usize, out: Vec<Finding>) {
-        for f in &out {
-            self.note(format!("r{round} FINDING {}: {}", f.gate.name(), f.detail));
-        }
-        self.findings.extend(out);
     }
 
     /// The outcome, with what the log shows happened counted into the coverage.

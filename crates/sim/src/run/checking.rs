@@ -1,0 +1,75 @@
+//! After every round: the checker's gates over the node, the log and the
+//! model, and what a finding leaves in the trace.
+
+use super::*;
+
+impl World {
+    /// The checker (see `check`), and the model against the ledger.
+    pub(super) async fn check(&mut self, round: usize, with_recovery: bool) {
+        let mut out = Vec::new();
+        self.mirror.follow(&self.node.log, &mut out).await;
+        let live = match self.node.partitions().await {
+            Ok(live) => live,
+            Err(err) => {
+                out.push(finding(Gate::WriterBroke, err));
+                self.fail(round, out);
+                return;
+            }
+        };
+        check::check_state("live", &live, &mut out);
+        check::check_state("log", &self.mirror.partitions, &mut out);
+        check::compare(
+            Gate::LogDisagrees,
+            "log",
+            &self.mirror.partitions,
+            "live",
+            &live,
+            &mut out,
+        );
+        self.check_model(&live, &mut out);
+        self.check_lines(&live, &mut out);
+        if self.plant == Some(Plant::IndexForgets) {
+            let mut index = self.node.writers.index.write().expect("index lock");
+            for p in live.values().filter(|p| p.closed) {
+                for id in p.reservations.keys() {
+                    index.remove(id);
+                }
+            }
+        }
+        if with_recovery {
+            match reservoir_server::recovery::recover(
+                &*self.node.log,
+                self.node.shards,
+                None,
+                &self.node.retired,
+            )
+            .await
+            {
+                Ok(recovered) => {
+                    let rebuilt: Partitions = recovered
+                        .shards
+                        .into_iter()
+                        .flat_map(|s| s.partitions.into_iter().map(|(k, ps)| (k, ps.partition)))
+                        .collect();
+                    check::compare(
+                        Gate::RecoveryDisagrees,
+                        "recovered",
+                        &rebuilt,
+                        "live",
+                        &live,
+                        &mut out,
+                    );
+                }
+                Err(err) => out.push(finding(Gate::RecoveryFailed, err)),
+            }
+        }
+        self.fail(round, out);
+    }
+
+    pub(super) fn fail(&mut self, round: usize, out: Vec<Finding>) {
+        for f in &out {
+            self.note(format!("r{round} FINDING {}: {}", f.gate.name(), f.detail));
+        }
+        self.findings.extend(out);
+    }
+}
