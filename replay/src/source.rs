@@ -329,12 +329,12 @@ impl Source {
         until: u64,
         mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
     ) -> Result<(), crate::Stop> {
-        if let Source::Embedded(e) = self {
-            check_zero(log_partition).map_err(|e| crate::Stop::Error(e.to_string()))?;
-            return e.scan_pipelined(until, Self::SLICE, each);
-        }
-        let Source::Kafka(log) = self else {
-            unreachable!("the embedded log returned above")
+        let log = match self {
+            Source::Embedded(e) => {
+                check_zero(log_partition).map_err(|e| crate::Stop::Error(e.to_string()))?;
+                return e.scan_pipelined(until, Self::SLICE, each);
+            }
+            Source::Kafka(log) => log,
         };
         // The next slices are read (and decoded, on a blocking thread) while
         // this one is fed: reading the topic and replaying it overlap instead

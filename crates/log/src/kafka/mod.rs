@@ -544,23 +544,26 @@ impl Inner {
                     last_transient.map(|e| format!(" (last error: {e})")).unwrap_or_default()
                 )));
             }
-            let at_end = to == ReadTo::EndOfLog
-                && self
-                    .fetched_high_watermark(reader, log_partition)
-                    .is_some_and(|high| expected >= high);
-            // At the end as the last fetch response says: take what is
-            // queued and answer, rather than wait a probe for records that
-            // may never come (a projector step paid READ_PROBE for every
-            // partition with nothing new). Not on tansu, whose ListOffsets
-            // end `end_offset_blocking` corrects by waiting for a fetch here.
-            let wait = if at_end && !step_back_to_batch {
-                Duration::ZERO
-            } else {
-                remaining.min(READ_PROBE)
+            let at_end = |reader: &PartitionReader| {
+                to == ReadTo::EndOfLog
+                    && self
+                        .fetched_high_watermark(reader, log_partition)
+                        .is_some_and(|high| expected >= high)
             };
-            let message = match reader.consumer.poll(wait) {
+            // What is queued first. With nothing queued and the read at the
+            // end the last fetch response reported, answer now rather than
+            // wait a probe for records that may never come (a projector step
+            // paid READ_PROBE for every partition with nothing new). Not on
+            // tansu, whose ListOffsets end `end_offset_blocking` corrects by
+            // waiting for a fetch here.
+            let polled = match reader.consumer.poll(Duration::ZERO) {
+                Some(queued) => Some(queued),
+                None if at_end(reader) && !step_back_to_batch => break,
+                None => reader.consumer.poll(remaining.min(READ_PROBE)),
+            };
+            let message = match polled {
                 None => {
-                    if at_end {
+                    if at_end(reader) {
                         break; // at the end, as the last fetch response says
                     }
                     if step_back_to_batch
