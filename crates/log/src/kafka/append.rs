@@ -10,7 +10,12 @@
 //! (a later append was decided on top of the earlier one, so it must not be
 //! acknowledged if that one was not), then reads the partition back up to
 //! everything acknowledged so far and answers only if no foreign claim took
-//! the partition before its last record.
+//! the partition before its last record. The read-back is skipped when the
+//! broker placed the append's records right after the last entry already
+//! checked, one after the other: then nothing foreign lies between, which is
+//! the steady state of a writer that holds its partition (a sole writer reads
+//! nothing back at all). Any gap, a claim or anything else another producer
+//! wrote, is read.
 //!
 //! Known limit: the producer cannot take back records behind one that failed.
 //! If an in-flight request times out, librdkafka bumps the producer's epoch
@@ -21,6 +26,7 @@
 //! before appends were pipelined.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
 use tokio::sync::oneshot;
@@ -40,6 +46,10 @@ pub(super) struct Standing {
     /// a read-back reads this far, so appends in flight together are read
     /// back together.
     acknowledged_to: u64,
+    /// Whether the partition's reader was stopped since the claim (see
+    /// [`Inner::rest_reader`]): the claim's scan and the recovery read leave
+    /// it assigned, fetching in the background.
+    reader_resting: bool,
 }
 
 #[derive(Debug, Default)]
@@ -61,7 +71,14 @@ impl Standing {
             admits: Admits::Claim(claim),
             latest: None,
             acknowledged_to: claim_offset + 1,
+            reader_resting: false,
         };
+    }
+
+    /// One past the highest offset acknowledged to this writer under its
+    /// current claim (0 without one).
+    pub(super) fn acknowledged_to(&self) -> u64 {
+        self.acknowledged_to
     }
 
     pub(super) fn unclaimed(&mut self) {
@@ -185,6 +202,11 @@ impl KafkaLog {
                 )));
             }
         }
+        for (log_partition, standing) in &mut standings {
+            if !standing.reader_resting {
+                standing.reader_resting = self.inner.rest_reader(*log_partition);
+            }
+        }
         let targets: Vec<(u32, &LogEntry)> = entries.iter().map(|(p, e)| (*p, e)).collect();
         let enqueued = self.enqueue(&targets)?;
         let mut links = Vec::with_capacity(standings.len());
@@ -301,6 +323,14 @@ impl KafkaLog {
             )));
         }
         let last = *offsets.last().expect("verify is given at least one offset");
+        if *scanned_to == offsets[0] && follow_each_other(offsets) {
+            // Every entry from where the read-back stopped to our last record
+            // is one of ours: no foreign claim can be among them, and there is
+            // nothing to read. (Appends are verified in call order, so the one
+            // before this ended where this one starts unless something else
+            // was written between them.)
+            *scanned_to = last + 1;
+        }
         if *scanned_to <= last && lost_at.is_none() {
             let until = self.standing(log_partition).acknowledged_to.max(last + 1);
             let mut entries_seen = *scanned_to;
@@ -316,6 +346,9 @@ impl KafkaLog {
                         return Err(error);
                     }
                 };
+                self.inner
+                    .read_back_entries
+                    .fetch_add(read.len() as u64, Ordering::Relaxed);
                 for (position, claim) in read {
                     entries_seen = position.offset + 1;
                     let Some(claim) = claim else { continue };
@@ -328,6 +361,7 @@ impl KafkaLog {
                 }
             }
             *scanned_to = entries_seen;
+            self.inner.rest_reader(log_partition);
         }
         let first = offsets[0];
         assert!(first > *claim_offset, "our records come after our claim");
@@ -336,6 +370,12 @@ impl KafkaLog {
             _ => Ok(()),
         }
     }
+}
+
+/// Whether `offsets` (ascending) are consecutive: nothing else was written
+/// between the first and the last.
+fn follow_each_other(offsets: &[u64]) -> bool {
+    offsets.windows(2).all(|pair| pair[1] == pair[0] + 1)
 }
 
 impl EventLog for KafkaLog {

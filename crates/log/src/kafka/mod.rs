@@ -46,6 +46,7 @@
 //! topic, error classification) beside it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -107,6 +108,9 @@ enum Ownership {
 struct PartitionReader {
     consumer: BaseConsumer,
     next_offset: Option<u64>,
+    /// The highest end of the partition ListOffsets reported through this
+    /// reader: entries before it exist, whatever a fetch said earlier.
+    listed_end: u64,
 }
 
 struct Inner {
@@ -119,6 +123,8 @@ struct Inner {
     ownership: Vec<tokio::sync::Mutex<Ownership>>,
     /// What an append may go under, checked when `append` is called.
     standing: Vec<Mutex<Standing>>,
+    /// Entries the appends' read-backs have read (see [`KafkaLog::read_back_entries`]).
+    read_back_entries: AtomicU64,
 }
 
 /// The Kafka implementation of [`EventLog`]. Cheap to clone.
@@ -164,6 +170,7 @@ impl KafkaLog {
                     .map(|_| Mutex::new(Standing::default()))
                     .collect(),
                 producer: RwLock::new(Arc::new(producer)),
+                read_back_entries: AtomicU64::new(0),
                 log_partitions,
                 config,
             }),
@@ -172,6 +179,15 @@ impl KafkaLog {
 
     pub fn config(&self) -> &KafkaConfig {
         &self.inner.config
+    }
+
+    /// Entries read back to check appends since this log was connected. A
+    /// writer alone on its partitions reads none: its records follow each
+    /// other, so nothing foreign can lie between them (see `append`).
+    pub fn read_back_entries(&self) -> u64 {
+        self.inner
+            .read_back_entries
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Takes over a log partition: appends a claim with an epoch above every
@@ -435,9 +451,32 @@ impl Inner {
             *slot = Some(PartitionReader {
                 consumer: build_consumer(&self.config)?,
                 next_offset: None,
+                listed_end: 0,
             });
         }
         Ok(slot.as_mut().expect("reader just created"))
+    }
+
+    /// Stops the background fetching of a log partition's reader, if no read
+    /// holds it (`false` if one does). An assigned librdkafka consumer keeps
+    /// fetching into its queue (up to `queued.min.messages` entries) whether
+    /// or not anyone polls it; a writer reads its partitions only on demand
+    /// (the claim, recovery, a read-back over a gap), so after those its
+    /// reader would fetch, and hold, everything appended since: broker work
+    /// and memory for nothing. The next read assigns it again.
+    pub(super) fn rest_reader(&self, log_partition: u32) -> bool {
+        let Ok(mut slot) = self.readers[log_partition as usize].try_lock() else {
+            return false;
+        };
+        if let Some(reader) = slot.as_mut() {
+            if let Err(error) = reader.consumer.unassign() {
+                warn!(log_partition, %error, "could not stop a reader; it is replaced");
+                *slot = None;
+            } else {
+                reader.next_offset = None;
+            }
+        }
+        true
     }
 
     /// Offset one past the last acknowledged entry.
@@ -528,6 +567,17 @@ impl Inner {
         if !continuing {
             self.assign(reader, log_partition, from_offset)?;
         }
+        // What is known to exist when the read is called (acknowledged to this
+        // process's own producer, or reported by ListOffsets through this
+        // reader) is there, whatever the last fetch response said: the end
+        // below is never taken before it. Otherwise a read right after an
+        // append, or after `end_offset`, would answer short from a fetch that
+        // predates them.
+        let known_end = self.standing[log_partition as usize]
+            .lock()
+            .expect("standing lock")
+            .acknowledged_to()
+            .max(reader.listed_end);
         let mut heard_since_assign = continuing;
         let mut assigned = Instant::now();
         // Sized for the read up front: growing a vector of entries copies
@@ -546,6 +596,7 @@ impl Inner {
             }
             let at_end = |reader: &PartitionReader| {
                 to == ReadTo::EndOfLog
+                    && expected >= known_end
                     && self
                         .fetched_high_watermark(reader, log_partition)
                         .is_some_and(|high| expected >= high)
@@ -579,9 +630,11 @@ impl Inner {
                     continue;
                 }
                 Some(Ok(message)) => message,
+                // An end-of-partition event may have waited in the queue since
+                // a fetch before entries known to exist were written.
                 Some(Err(KafkaError::PartitionEOF(_))) => match to {
-                    ReadTo::EndOfLog => break,
-                    ReadTo::Acknowledged(_) => continue,
+                    ReadTo::EndOfLog if expected >= known_end => break,
+                    _ => continue,
                 },
                 Some(Err(error)) => {
                     let code = error.rdkafka_error_code();
@@ -702,6 +755,7 @@ impl Inner {
             .expect("reader lock");
         let reader = self.reader(&mut slot)?;
         let listed = self.high_watermark(reader, log_partition)?;
+        reader.listed_end = reader.listed_end.max(listed);
         if self.config.broker_quirks() != BrokerQuirks::Tansu {
             return Ok(listed);
         }

@@ -324,7 +324,7 @@ async fn zombie_writer_gets_nothing_acknowledged_and_nothing_counted() {
     );
 }
 
-async fn raw_produce(brokers: &str, topic: &str, partition: i32, entry: &LogEntry) -> i64 {
+pub async fn raw_produce(brokers: &str, topic: &str, partition: i32, entry: &LogEntry) -> i64 {
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let producer: FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers)

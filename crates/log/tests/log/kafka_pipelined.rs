@@ -4,10 +4,10 @@
 //! behind an append that was not acknowledged.
 
 use reservoir_log::fence::read_valid;
-use reservoir_log::{EventLog, LogError, Position};
+use reservoir_log::{EventLog, LogEntry, LogError, Position};
 
 use crate::fixtures;
-use crate::kafka::{brokers, claimed_writer, config, unique_topic};
+use crate::kafka::{brokers, claimed_writer, config, raw_produce, unique_topic};
 
 macro_rules! require_broker {
     () => {
@@ -43,6 +43,47 @@ async fn appends_in_flight_together_land_in_call_order() {
     let (counted, _) = read_valid(&log, 0).await.unwrap();
     let counted: Vec<Position> = counted.iter().map(|(p, _)| *p).collect();
     assert_eq!(counted, acknowledged);
+    assert_eq!(
+        log.read_back_entries(),
+        0,
+        "a writer alone on its partition: its records follow each other, nothing to read back"
+    );
+}
+
+/// Something another producer wrote between two appends (here a record, not
+/// a claim) is a gap in the offsets: the append after it reads the gap back,
+/// finds no claim there, and counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_entry_between_appends_is_read_back_and_does_not_fence() {
+    let brokers = require_broker!();
+    let topic = unique_topic("gap");
+    let log = claimed_writer(config(&brokers, &topic, "w", 1)).await;
+    let first = log
+        .append(vec![fixtures::record("tenant-g", "w", 1, 1, 2)])
+        .await
+        .unwrap();
+    assert_eq!(log.read_back_entries(), 0);
+    let foreign = raw_produce(
+        &brokers,
+        &topic,
+        0,
+        &LogEntry::Record(fixtures::record("tenant-g", "stranger", 7, 1, 2)),
+    )
+    .await;
+    let second = log
+        .append(vec![fixtures::record("tenant-g", "w", 1, 3, 2)])
+        .await
+        .expect("a foreign record is not a claim: the append counts");
+    assert_eq!(foreign as u64, first[0].offset + 1);
+    assert_eq!(second[0].offset, first[0].offset + 2);
+    assert_eq!(
+        log.read_back_entries(),
+        2,
+        "the foreign record and this append's own record were read back"
+    );
+    let (counted, _) = read_valid(&log, 0).await.unwrap();
+    let counted: Vec<Position> = counted.iter().map(|(p, _)| *p).collect();
+    assert_eq!(counted, [first, second].concat());
 }
 
 /// A claim that lands between two appends fences the one after it, and every
@@ -74,6 +115,10 @@ async fn a_claim_between_pipelined_appends_fences_every_later_one() {
     assert!(
         matches!(refused, Err(LogError::Fenced { .. })),
         "{refused:?}"
+    );
+    assert!(
+        zombie.read_back_entries() > 0,
+        "the usurper's claim is a gap in the zombie's offsets: read back"
     );
 
     let after = usurper
