@@ -37,6 +37,7 @@ pub mod bodies;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod memory;
 pub mod openapi;
 pub mod problem;
 pub mod project;
