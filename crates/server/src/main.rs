@@ -46,6 +46,9 @@ fn main() -> ExitCode {
     }));
 
     let cli = Cli::parse();
+    if matches!(cli.command, CliCommand::Serve(_) | CliCommand::Project(_)) {
+        reservoir_server::memory::start_trimming();
+    }
     let args = match cli.command {
         CliCommand::Serve(args) => *args,
         CliCommand::Project(args) => {

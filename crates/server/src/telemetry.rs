@@ -76,8 +76,6 @@ pub fn install() -> PrometheusHandle {
                     upkeep.run_upkeep();
                 })
                 .expect("spawn the metrics upkeep thread");
-            // Every server mode installs the recorder first, once per process.
-            crate::memory::start_trimming();
             // Another recorder may already be installed (an embedding program's): then
             // our handle still renders what is recorded through it, which is nothing;
             // say so rather than fail.

@@ -46,7 +46,7 @@
 //! topic, error classification) beside it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -185,9 +185,7 @@ impl KafkaLog {
     /// writer alone on its partitions reads none: its records follow each
     /// other, so nothing foreign can lie between them (see `append`).
     pub fn read_back_entries(&self) -> u64 {
-        self.inner
-            .read_back_entries
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.read_back_entries.load(Ordering::Relaxed)
     }
 
     /// Takes over a log partition: appends a claim with an epoch above every
