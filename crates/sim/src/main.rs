@@ -18,14 +18,6 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reservoir_sim::{replay_command, run, Plant, RunConfig, RunOutcome, Summary};
 
-/// A run allocates and frees small strings and records all the time (log
-/// entries cloned for every replay, JSON of the idempotency index): glibc's
-/// malloc and free were about 20% of a run's CPU (perf, 20 interleavings),
-/// mimalloc's thread-local heaps cost a fraction of that. Which allocator
-/// runs cannot change a trace: nothing the world decides reads an address.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "reservoir-sim",

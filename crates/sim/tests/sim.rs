@@ -13,11 +13,6 @@ use reservoir_sim::{
     policies_valid, replay_command, run, Gate, Plant, RunConfig, RunOutcome, Summary,
 };
 
-/// The binary's allocator here too (see `src/main.rs`): the CI run is the
-/// simulator's largest user.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Interleavings of the CI run, and rounds in each.
 const CI_INTERLEAVINGS: u64 = 400;
 const CI_STEPS: usize = 200;
