@@ -46,9 +46,9 @@ pub(super) struct Standing {
     /// a read-back reads this far, so appends in flight together are read
     /// back together.
     acknowledged_to: u64,
-    /// Whether the partition's reader was stopped since the claim (see
+    /// Whether the partition's reader was paused since the claim (see
     /// [`Inner::rest_reader`]): the claim's scan and the recovery read leave
-    /// it assigned, fetching in the background.
+    /// it fetching in the background.
     reader_resting: bool,
 }
 

@@ -59,7 +59,7 @@ use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use reservoir_core::PartitionKey;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::fence::{Validity, Verdict};
 use crate::{codec, fence, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
@@ -104,9 +104,22 @@ enum Ownership {
 }
 
 /// A consumer assigned to one log partition, remembering where its fetch
-/// position is so sequential reads do not re-assign (and re-fetch).
+/// position is so sequential reads do not move it (and re-fetch).
+///
+/// Its assignment is set once, by the first read, and never changed: later
+/// reads move it with a seek, and resting pauses it. librdkafka 2.12 aborts
+/// the process (librdkafka#5573) when a partition's assignment changes again
+/// while the fetch stop of the previous change is still in flight, and a read
+/// that answers at once (at the end of the log) can be followed by another
+/// change within that window. A seek or a pause is not an assignment change.
+/// A consumer a seek cannot move (its fetcher stopped, after an offset out
+/// of range) is replaced by a fresh one.
 struct PartitionReader {
     consumer: BaseConsumer,
+    /// Whether the consumer's one assignment has been made.
+    assigned: bool,
+    /// Whether [`Inner::rest_reader`] paused its fetcher.
+    paused: bool,
     next_offset: Option<u64>,
     /// The highest end of the partition ListOffsets reported through this
     /// reader: entries before it exist, whatever a fetch said earlier.
@@ -448,6 +461,8 @@ impl Inner {
         if slot.is_none() {
             *slot = Some(PartitionReader {
                 consumer: build_consumer(&self.config)?,
+                assigned: false,
+                paused: false,
                 next_offset: None,
                 listed_end: 0,
             });
@@ -461,17 +476,22 @@ impl Inner {
     /// or not anyone polls it; a writer reads its partitions only on demand
     /// (the claim, recovery, a read-back over a gap), so after those its
     /// reader would fetch, and hold, everything appended since: broker work
-    /// and memory for nothing. The next read assigns it again.
+    /// and memory for nothing. The reader is paused, which also drops what it
+    /// had queued; the next read resumes it where it seeks to.
     pub(super) fn rest_reader(&self, log_partition: u32) -> bool {
         let Ok(mut slot) = self.readers[log_partition as usize].try_lock() else {
             return false;
         };
-        if let Some(reader) = slot.as_mut() {
-            if let Err(error) = reader.consumer.unassign() {
-                warn!(log_partition, %error, "could not stop a reader; it is replaced");
-                *slot = None;
-            } else {
-                reader.next_offset = None;
+        if let Some(reader) = slot.as_mut().filter(|r| r.assigned && !r.paused) {
+            match reader.consumer.pause(&self.partition_list(log_partition)) {
+                Ok(()) => {
+                    reader.paused = true;
+                    reader.next_offset = None;
+                }
+                Err(error) => {
+                    warn!(log_partition, %error, "could not pause a reader; it is replaced");
+                    *slot = None;
+                }
             }
         }
         true
@@ -679,25 +699,58 @@ impl Inner {
         Ok(entries)
     }
 
+    /// Moves `reader` to fetch `log_partition` from `offset`, dropping what
+    /// it had queued: the consumer's one assignment the first time, a seek
+    /// after that (see [`PartitionReader`]).
     fn assign(
         &self,
         reader: &mut PartitionReader,
         log_partition: u32,
         offset: u64,
     ) -> Result<(), LogError> {
-        let mut assignment = TopicPartitionList::new();
-        assignment
-            .add_partition_offset(
+        reader.next_offset = None;
+        let at = Offset::Offset(kafka_offset(offset));
+        if reader.assigned {
+            match reader.consumer.seek(
                 &self.config.topic,
                 log_partition as i32,
-                Offset::Offset(kafka_offset(offset)),
-            )
+                at,
+                self.config.request_timeout,
+            ) {
+                Ok(()) => {
+                    if reader.paused {
+                        reader
+                            .consumer
+                            .resume(&self.partition_list(log_partition))
+                            .map_err(|e| log_error("resume", &e))?;
+                        reader.paused = false;
+                    }
+                    return Ok(());
+                }
+                Err(error) => {
+                    debug!(log_partition, %error, "a reader could not seek; a fresh one is assigned");
+                    reader.consumer = build_consumer(&self.config)?;
+                    reader.paused = false;
+                }
+            }
+        }
+        let mut assignment = self.partition_list(log_partition);
+        assignment
+            .set_all_offsets(at)
             .map_err(|e| log_error("assign", &e))?;
-        reader.next_offset = None;
         reader
             .consumer
             .assign(&assignment)
-            .map_err(|e| log_error("assign", &e))
+            .map_err(|e| log_error("assign", &e))?;
+        reader.assigned = true;
+        Ok(())
+    }
+
+    /// This log's topic and one of its partitions.
+    fn partition_list(&self, log_partition: u32) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&self.config.topic, log_partition as i32);
+        list
     }
 
     /// The high watermark of the last fetch response (`None` before any), as

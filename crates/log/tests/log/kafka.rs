@@ -176,6 +176,39 @@ async fn claim_then_append_reads_back_in_order_under_the_claim() {
     assert!(matches!(result, Err(LogError::Invalid(_))), "{result:?}");
 }
 
+/// A reader moved to one offset and then to another before its fetcher
+/// restarted. librdkafka 2.12 (rdkafka-sys 4.10) aborts the whole process
+/// (`rd_kafka_assignment_partition_stopped: Assertion rktp->rktp_started`,
+/// librdkafka#5573) when a partition's assignment changes twice while the
+/// first change's fetch stop is still in flight. Reads at the end answer
+/// without waiting for anything to arrive, so a read at the end followed by a
+/// read further back did exactly that when each read re-assigned; CI died of
+/// it once in this test binary. Every read here answers right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_moved_back_and_forth_at_once_keeps_answering() {
+    let brokers = require_broker!();
+    let topic = unique_topic("reposition");
+    let log = claimed_writer(config(&brokers, &topic, "w1", 1)).await;
+    let epoch = log.held_claim(0).await.unwrap().epoch;
+    let batch: Vec<Record> = (0..8)
+        .map(|i| fixtures::record("tenant-0", "w1", epoch, 1 + i, 1))
+        .collect();
+    let positions = log.append(batch).await.expect("append");
+    let end = positions.last().unwrap().offset + 1;
+    let reader = reader(&brokers, &topic).await;
+    for round in 0..60u64 {
+        let at_end = reader.read(0, end, 16).await.expect("read at the end");
+        assert!(at_end.is_empty(), "round {round}: nothing past the end");
+        let from = 1 + round % (end - 1);
+        let back = reader.read(0, from, 1).await.expect("read back");
+        assert_eq!(
+            back.iter().map(|(p, _)| p.offset).collect::<Vec<_>>(),
+            vec![from],
+            "round {round}"
+        );
+    }
+}
+
 /// Both writers claim at the same time, then both append. Whatever the
 /// interleaving, the records of exactly one writer count, and they are exactly
 /// the ones its `append` acknowledged.
