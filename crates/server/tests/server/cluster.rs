@@ -246,6 +246,8 @@ struct Replay {
     skipped: u64,
     /// Every record the rule skipped, read from the raw topic.
     fenced: Vec<Fenced>,
+    /// Reservation id → the first record that counts and names it.
+    written_at: HashMap<String, Position>,
 }
 
 /// Reads every entry of log partition `p` (claims and all records, valid or
@@ -254,11 +256,12 @@ struct Replay {
 /// skipped record was written under a claim that took effect in `p` and was
 /// superseded by a later one (the rule skips nothing else: no record without a
 /// claim, none of the claim holder's).
-async fn read_raw(log: &KafkaLog, p: u32) -> (Vec<u64>, Vec<Fenced>) {
+async fn read_raw(log: &KafkaLog, p: u32) -> (Vec<u64>, Vec<Fenced>, HashMap<String, Position>) {
     let end = log.end_offset(p).await.unwrap();
     let mut validity = Validity::default();
     let mut accepted: Vec<Claim> = Vec::new();
     let (mut counts, mut fenced) = (Vec::new(), Vec::new());
+    let mut written_at = HashMap::new();
     let mut next = 0;
     while next < end {
         let entries = log.read(p, next, 1024).await.expect("raw read");
@@ -290,6 +293,9 @@ async fn read_raw(log: &KafkaLog, p: u32) -> (Vec<u64>, Vec<Fenced>) {
             );
             if holds {
                 counts.push(position.offset);
+                for id in record.events.iter().filter_map(|e| e.body.reservation_id()) {
+                    written_at.entry(id.to_string()).or_insert(position);
+                }
                 continue;
             }
             let own = accepted
@@ -322,7 +328,7 @@ async fn read_raw(log: &KafkaLog, p: u32) -> (Vec<u64>, Vec<Fenced>) {
             });
         }
     }
-    (counts, fenced)
+    (counts, fenced, written_at)
 }
 
 /// Replays the whole topic through the one validity rule and crates/core;
@@ -335,18 +341,20 @@ async fn replay_and_check(brokers: &str, topic: &str, acked: &Acked) -> Replay {
     let mut partitions: HashMap<PartitionKey, Partition> = HashMap::new();
     let mut skipped = 0u64;
     let mut fenced = Vec::new();
+    let mut written_at = HashMap::new();
     for p in 0..log.log_partitions() {
         let everything = log.end_offset(p).await.unwrap();
         let (records, _validity) = read_valid(&log, p).await.expect("read_valid");
         let claims_and_fenced = everything - records.len() as u64;
         skipped += claims_and_fenced;
-        let (raw_counts, raw_fenced) = read_raw(&log, p).await;
+        let (raw_counts, raw_fenced, raw_written_at) = read_raw(&log, p).await;
         assert_eq!(
             records.iter().map(|(at, _)| at.offset).collect::<Vec<_>>(),
             raw_counts,
             "partition {p}: read_valid and the raw read disagree on what counts"
         );
         fenced.extend(raw_fenced);
+        written_at.extend(raw_written_at);
         for (position, record) in records {
             assert_eq!(log.log_partition_for(&record.key), p, "placement");
             let partition = partitions.entry(record.key.clone()).or_default();
@@ -390,6 +398,7 @@ async fn replay_and_check(brokers: &str, topic: &str, acked: &Acked) -> Replay {
         found,
         skipped,
         fenced,
+        written_at,
     }
 }
 
@@ -574,8 +583,11 @@ async fn three_nodes_split_route_fail_over_and_fence() {
                     .send()
                     .await;
                 match answer {
-                    Ok(r) => (id, Some(r.status())),
-                    Err(_) => (id, None),
+                    Ok(r) => {
+                        let status = r.status();
+                        (id, Some(status), r.text().await.unwrap_or_default())
+                    }
+                    Err(e) => (id, None, e.to_string()),
                 }
             })
         })
@@ -584,18 +596,52 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     let ids: Vec<String> = (0..6).map(|i| format!("c-{i}")).collect();
     cycles(&http, &bases[..1], &ids, &mut acked).await;
     unsafe { libc::kill(n2_pid, libc::SIGCONT) };
-    let mut zombie_answers: Vec<(String, Option<StatusCode>)> = Vec::new();
+    let mut zombie_answers: Vec<(String, Option<StatusCode>, String)> = Vec::new();
     for task in stalled {
-        let (id, status) = task.await.unwrap();
+        let (id, status, body) = task.await.unwrap();
         if status.is_some_and(|s| s.is_success()) {
             acked.insert(id.clone(), ("RESERVED".into(), None));
         }
-        zombie_answers.push((id, status));
+        zombie_answers.push((id, status, body));
     }
     // n2 rejoins and gets partitions again; the cluster serves everything.
     wait_served_by_all(&http, &live, &["n1", "n2"], false, Duration::from_secs(60)).await;
     let ids: Vec<String> = (0..12).map(|i| format!("d-{i}")).collect();
     cycles(&http, &live, &ids, &mut acked).await;
+    // What n2 did not acknowledge is in doubt for its client, which retries
+    // it with the same id: the retry must succeed, and its receipt must name
+    // the one record that counts (written now, or earlier by n2 under a claim
+    // it still held, before it could answer).
+    let mut retried: BTreeMap<String, Position> = BTreeMap::new();
+    for (id, status, body) in &zombie_answers {
+        if status.is_some_and(|s| s.is_success()) {
+            continue;
+        }
+        let problem: Value = serde_json::from_str(body).unwrap_or_default();
+        assert!(
+            status.is_none() || problem["retryable"] == true,
+            "{id}: n2 answered {status:?} ({body}), which does not say to retry"
+        );
+        let subject =
+            zombie_subjects[id[2..].parse::<usize>().unwrap() % zombie_subjects.len()].clone();
+        let (s, receipt) = post(
+            &http,
+            &bases[0],
+            "/v1/reservations",
+            json!({"id": id, "subject": subject, "route": "chat", "units": 10}),
+        )
+        .await;
+        assert!(s.is_success(), "{id}: the retry answered {s}: {receipt}");
+        let at = &receipt["log_position"];
+        retried.insert(
+            id.clone(),
+            Position {
+                log_partition: at["log_partition"].as_u64().unwrap() as u32,
+                offset: at["offset"].as_u64().unwrap(),
+            },
+        );
+        acked.insert(id.clone(), ("RESERVED".into(), None));
+    }
 
     drop(nodes);
     let replay = replay_and_check(&brokers, &topic, &acked).await;
@@ -627,19 +673,23 @@ async fn three_nodes_split_route_fail_over_and_fence() {
         .iter()
         .flat_map(|f| f.ids.iter().map(String::as_str))
         .collect();
-    for (id, status) in &zombie_answers {
+    for (id, status, body) in &zombie_answers {
         let acknowledged = status.is_some_and(|s| s.is_success());
-        let counts = replay.found.contains_key(id);
-        assert_eq!(
-            acknowledged,
-            counts,
-            "{id}: n2 answered {status:?}, but it {} in the log",
-            if counts { "counts" } else { "does not count" }
+        assert!(
+            replay.found.contains_key(id),
+            "{id}: n2 answered {status:?} ({body}); it does not count even after the retry"
         );
         assert!(
             !(acknowledged && zombie_ids.contains(id.as_str())),
             "{id}: n2 acknowledged it and wrote it under a lost claim"
         );
+        if let Some(receipt) = retried.get(id) {
+            assert_eq!(
+                replay.written_at.get(id),
+                Some(receipt),
+                "{id}: the retry's receipt names another record than the one that counts"
+            );
+        }
     }
     eprintln!(
         "cluster: {} acknowledged reservations all count; {} claims or fenced records skipped; \
