@@ -4,13 +4,14 @@
 //!
 //! Replay needs what [`EventReader::read`] does not give: an entry that does not
 //! decode must become a finding at its position, not an error that ends the
-//! read. So [`Source::read_raw`] returns every position with either its entry
-//! or why it is unreadable. On the embedded log it takes the raw values from
-//! a [`SecondaryLog`] (`for_each_value`) and decodes them on every core, so a
-//! value that does not decode, or a hole, becomes a finding. On Kafka,
-//! where `KafkaLog` only offers decoded reads, a `LogError::Corrupt` at offset
-//! `o` is turned into a finding at `o` and the read resumes at `o + 1` (the
-//! entries before `o` are read again up to it).
+//! read. So [`Source::read_raw`] and [`Source::scan`] give every position with
+//! either its entry or why it is unreadable. A scan takes the raw values (from
+//! a [`SecondaryLog`]'s `for_each_value`, or `KafkaLog::read_values_blocking`)
+//! and decodes them on every core, so a value that does not decode becomes a
+//! finding (and so does a hole, on the embedded log). `read_raw` on Kafka
+//! reads decoded entries: a `LogError::Corrupt` at offset `o` is turned into
+//! a finding at `o` and the read resumes at `o + 1` (the entries before `o`
+//! are read again up to it).
 //!
 //! [`Source`] is an [`EventReader`] (and not an `EventLog`: replay never
 //! appends or claims), so the projector itself can run over it (`rebuild`).
@@ -80,17 +81,14 @@ impl EmbeddedReader {
     /// Raw values of `[from, until)`, back to back in one buffer (one
     /// allocation per slice, not per entry); a missing offset has no bytes.
     fn raw(&self, from: u64, until: u64, slice: &mut RawSlice) -> Result<(), LogError> {
-        slice.bytes.clear();
-        slice.items.clear();
+        slice.clear(0);
         let mut expected = from;
         self.log.for_each_value(from, until, |offset, value| {
             while expected < offset {
                 slice.items.push((expected, None));
                 expected += 1;
             }
-            let start = slice.bytes.len();
-            slice.bytes.extend_from_slice(value);
-            slice.items.push((offset, Some((start, slice.bytes.len()))));
+            slice.push(offset, value);
             expected = offset + 1;
         })?;
         while expected < until {
@@ -128,100 +126,135 @@ impl EmbeddedReader {
         Ok(parts.into_iter().flatten().collect())
     }
 
-    /// Reads `[0, until)` in slices of `slice` offsets and hands them, decoded
-    /// and in order, to `each` — pipelined: one thread reads raw values from
-    /// RocksDB, a persistent pool (one decoder per core) decodes whole slices,
-    /// and the caller's thread only applies. Channels are bounded (a few slices
-    /// in flight), and raw buffers go back to the reader for reuse. An error
-    /// from `each` stops the pipeline (its threads see the closed channels).
+    /// Reads `[0, until)` in slices of `slice` offsets and hands them,
+    /// decoded and in order, to `each` (see [`scan_pipelined`]).
     pub fn scan_pipelined(
         &self,
         until: u64,
         slice: usize,
-        mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
+        each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
     ) -> Result<(), crate::Stop> {
-        use std::collections::BTreeMap;
-        use std::sync::mpsc::{channel, sync_channel, Receiver};
-        use std::sync::Mutex;
+        scan_pipelined(
+            until.min(self.end),
+            slice,
+            |from, to, raw| self.raw(from, to, raw),
+            each,
+        )
+    }
+}
 
-        let until = until.min(self.end);
-        if until == 0 {
-            return Ok(());
-        }
-        let decoders = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // Raw slices waiting for a decoder, and decoded slices waiting for the
-        // caller: bounded, so memory stays a few slices whatever the log size.
-        let (raw_tx, raw_rx) = sync_channel::<(u64, RawSlice)>(2);
-        // Shared by the decoders; dropped with the last of them, which frees a
-        // reader blocked on a full channel when the caller stops early.
-        let raw_rx = std::sync::Arc::new(Mutex::new(raw_rx));
-        let (done_tx, done_rx) = sync_channel::<(u64, Vec<RawEntry>)>(decoders + 2);
-        let (free_tx, free_rx) = channel::<RawSlice>();
-        let (error_tx, error_rx) = channel::<LogError>();
-        std::thread::scope(|s| {
-            {
-                let error_tx = error_tx.clone();
-                s.spawn(move || {
-                    let mut at = 0u64;
-                    let mut seq = 0u64;
-                    while at < until {
-                        let to = until.min(at.saturating_add(slice as u64));
-                        let mut buf = free_rx.try_recv().unwrap_or_default();
-                        if let Err(e) = self.raw(at, to, &mut buf) {
-                            let _ = error_tx.send(e);
-                            return;
-                        }
-                        if raw_tx.send((seq, buf)).is_err() {
-                            return; // the caller stopped
-                        }
-                        seq += 1;
-                        at = to;
-                    }
-                });
-            }
-            for _ in 0..decoders {
-                let (raw_rx, done_tx, free_tx) = (raw_rx.clone(), done_tx.clone(), free_tx.clone());
-                s.spawn(move || loop {
-                    let next = raw_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    let Ok((seq, buf)) = next else { return };
-                    let decoded = buf.decode(&buf.items);
-                    let _ = free_tx.send(buf);
-                    if done_tx.send((seq, decoded)).is_err() {
+/// Reads `[0, until)` in slices of `slice` offsets and hands them, decoded
+/// and in order, to `each` — pipelined: one thread reads raw values (`fill`
+/// puts those of `[from, to)` into a buffer; fewer, possibly none, at the
+/// end of the log, which ends the scan), a persistent pool (one decoder per
+/// core) decodes whole slices, and the caller's thread only applies. Records
+/// are built on the decoders, so the reading thread only copies bytes.
+/// Channels are bounded (a few slices in flight), and raw buffers go back to
+/// the reader for reuse. An error from `each` stops the pipeline (its threads
+/// see the closed channels).
+fn scan_pipelined(
+    until: u64,
+    slice: usize,
+    fill: impl Fn(u64, u64, &mut RawSlice) -> Result<(), LogError> + Sync,
+    mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
+) -> Result<(), crate::Stop> {
+    use std::collections::BTreeMap;
+    use std::sync::mpsc::{channel, sync_channel, Receiver};
+    use std::sync::Mutex;
+
+    if until == 0 {
+        return Ok(());
+    }
+    let decoders = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Raw slices waiting for a decoder, and decoded slices waiting for the
+    // caller: bounded, so memory stays a few slices whatever the log size.
+    let (raw_tx, raw_rx) = sync_channel::<(u64, RawSlice)>(2);
+    // Shared by the decoders; dropped with the last of them, which frees a
+    // reader blocked on a full channel when the caller stops early.
+    let raw_rx = std::sync::Arc::new(Mutex::new(raw_rx));
+    let (done_tx, done_rx) = sync_channel::<(u64, Vec<RawEntry>)>(decoders + 2);
+    let (free_tx, free_rx) = channel::<RawSlice>();
+    let (error_tx, error_rx) = channel::<LogError>();
+    std::thread::scope(|s| {
+        {
+            let (error_tx, fill) = (error_tx.clone(), &fill);
+            s.spawn(move || {
+                let mut at = 0u64;
+                let mut seq = 0u64;
+                while at < until {
+                    let to = until.min(at.saturating_add(slice as u64));
+                    let mut buf = free_rx.try_recv().unwrap_or_default();
+                    if let Err(e) = fill(at, to, &mut buf) {
+                        let _ = error_tx.send(e);
                         return;
                     }
-                });
-            }
-            drop((raw_rx, done_tx, free_tx, error_tx));
-            let mut consume = |done_rx: Receiver<(u64, Vec<RawEntry>)>| -> Result<(), crate::Stop> {
-                let mut waiting = BTreeMap::new();
-                let mut next = 0u64;
-                for (seq, decoded) in done_rx {
-                    waiting.insert(seq, decoded);
-                    while let Some(decoded) = waiting.remove(&next) {
-                        next += 1;
-                        each(decoded)?;
+                    let Some(&(last, _)) = buf.items.last() else {
+                        return; // the end of the log, before `until`
+                    };
+                    if raw_tx.send((seq, buf)).is_err() {
+                        return; // the caller stopped
                     }
+                    seq += 1;
+                    at = last + 1;
                 }
-                Ok(())
-            };
-            // Returning drops the receiver, which stops the other threads.
-            consume(done_rx)
-        })?;
-        match error_rx.try_recv() {
-            Ok(e) => Err(crate::Stop::Error(e.to_string())),
-            Err(_) => Ok(()),
+            });
         }
+        for _ in 0..decoders {
+            let (raw_rx, done_tx, free_tx) = (raw_rx.clone(), done_tx.clone(), free_tx.clone());
+            s.spawn(move || loop {
+                let next = raw_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                let Ok((seq, buf)) = next else { return };
+                let decoded = buf.decode(&buf.items);
+                let _ = free_tx.send(buf);
+                if done_tx.send((seq, decoded)).is_err() {
+                    return;
+                }
+            });
+        }
+        drop((raw_rx, done_tx, free_tx, error_tx));
+        let mut consume = |done_rx: Receiver<(u64, Vec<RawEntry>)>| -> Result<(), crate::Stop> {
+            let mut waiting = BTreeMap::new();
+            let mut next = 0u64;
+            for (seq, decoded) in done_rx {
+                waiting.insert(seq, decoded);
+                while let Some(decoded) = waiting.remove(&next) {
+                    next += 1;
+                    each(decoded)?;
+                }
+            }
+            Ok(())
+        };
+        // Returning drops the receiver, which stops the other threads.
+        consume(done_rx)
+    })?;
+    match error_rx.try_recv() {
+        Ok(e) => Err(crate::Stop::Error(e.to_string())),
+        Err(_) => Ok(()),
     }
 }
 
 impl RawSlice {
+    /// Empty, for the values of `log_partition`.
+    fn clear(&mut self, log_partition: u32) {
+        self.log_partition = log_partition;
+        self.bytes.clear();
+        self.items.clear();
+    }
+
+    /// Appends the value stored at `offset`.
+    fn push(&mut self, offset: u64, value: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(value);
+        self.items.push((offset, Some((start, self.bytes.len()))));
+    }
+
     fn decode(&self, items: &[(u64, Option<(usize, usize)>)]) -> Vec<RawEntry> {
         let bytes = &self.bytes;
         items
             .iter()
             .map(|(offset, span)| RawEntry {
                 position: Position {
-                    log_partition: 0,
+                    log_partition: self.log_partition,
                     offset: *offset,
                 },
                 entry: match span {
@@ -245,6 +278,7 @@ impl RawSlice {
 /// Raw values read in one go: the bytes, and per offset its span in them.
 #[derive(Default)]
 struct RawSlice {
+    log_partition: u32,
     bytes: Vec<u8>,
     items: Vec<(u64, Option<(usize, usize)>)>,
 }
@@ -327,63 +361,26 @@ impl Source {
         &self,
         log_partition: u32,
         until: u64,
-        mut each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
+        each: impl FnMut(Vec<RawEntry>) -> Result<(), crate::Stop>,
     ) -> Result<(), crate::Stop> {
-        let log = match self {
+        match self {
             Source::Embedded(e) => {
                 check_zero(log_partition).map_err(|e| crate::Stop::Error(e.to_string()))?;
-                return e.scan_pipelined(until, Self::SLICE, each);
+                e.scan_pipelined(until, Self::SLICE, each)
             }
-            Source::Kafka(log) => log,
-        };
-        // The next slices are read (and decoded, on a blocking thread) while
-        // this one is fed: reading the topic and replaying it overlap instead
-        // of taking turns.
-        let (slices, mut received) = tokio::sync::mpsc::channel(KAFKA_SLICES_AHEAD);
-        let reader = tokio::spawn(read_ahead(log.clone(), log_partition, until, slices));
-        let fed = async {
-            while let Some(slice) = received.recv().await {
-                each(slice.map_err(|e| crate::Stop::Error(e.to_string()))?)?;
-            }
-            Ok(())
-        }
-        .await;
-        reader.abort(); // done, or a stop: nothing more is wanted
-        fed
-    }
-}
-
-/// Slices a Kafka scan reads ahead of the one being fed (each up to
-/// `SLICE` entries, so this bounds the memory the read-ahead holds).
-const KAFKA_SLICES_AHEAD: usize = 2;
-
-/// Reads `[0, until)` of one log partition in slices into `slices`, until
-/// the end, the first error (sent on, then stop) or a receiver that is gone.
-async fn read_ahead(
-    log: KafkaLog,
-    log_partition: u32,
-    until: u64,
-    slices: tokio::sync::mpsc::Sender<Result<Vec<RawEntry>, LogError>>,
-) {
-    let mut at = 0;
-    while at < until {
-        let want = usize::try_from(until - at)
-            .unwrap_or(usize::MAX)
-            .min(Source::SLICE);
-        let slice = kafka_read_raw(&log, log_partition, at, want).await;
-        let next = match &slice {
-            Ok(entries) => match entries.last() {
-                Some(last) => Some(last.position.offset + 1),
-                None => return, // the end of the log, before `until`
-            },
-            Err(_) => None,
-        };
-        if slices.send(slice).await.is_err() {
-            return;
-        }
-        match next {
-            Some(next) => at = next,
-            None => return, // the error was sent on
+            Source::Kafka(log) => scan_pipelined(
+                until,
+                Self::SLICE,
+                |from, to, raw| {
+                    raw.clear(log_partition);
+                    let want = usize::try_from(to - from).unwrap_or(usize::MAX);
+                    log.read_values_blocking(log_partition, from, want, |position, value| {
+                        raw.push(position.offset, value)
+                    })?;
+                    Ok(())
+                },
+                each,
+            ),
         }
     }
 }

@@ -1,12 +1,16 @@
 //! A log deliberately corrupted or tampered with is caught and located: a
-//! changed amount, a missing event, bytes that do not decode. Each finding names
-//! the log position and the ledger partition; `--strict` stops at the first.
+//! changed amount, a missing event, bytes that do not decode (in the embedded
+//! log, and on a Kafka topic). Each finding names the log position and the
+//! ledger partition; `--strict` stops at the first.
 
 use std::path::Path;
 
+use std::time::Duration;
+
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use reservoir_core::EventBody;
 use reservoir_log::embedded::{ENTRIES_CF, META_CF};
-use reservoir_log::{codec, LogEntry};
+use reservoir_log::{codec, EventReader, LogEntry};
 use serde_json::Value;
 
 use super::support::*;
@@ -55,15 +59,13 @@ fn tampered_copy(log_dir: &Path, name: &str) -> std::path::PathBuf {
 
 /// The audit's findings (jsonl), with its exit code.
 fn audit_findings(log: &Path, strict: bool) -> (Option<i32>, Vec<Value>, String) {
-    let mut args = vec![
-        "--log-dir",
-        log.to_str().unwrap(),
-        "audit",
-        "--tenant",
-        "acme",
-        "--format",
-        "jsonl",
-    ];
+    audit_findings_in(&["--log-dir", log.to_str().unwrap()], strict)
+}
+
+/// [`audit_findings`] of the log `source` names (`--log-dir …` or `--brokers … --topic …`).
+fn audit_findings_in(source: &[&str], strict: bool) -> (Option<i32>, Vec<Value>, String) {
+    let mut args = source.to_vec();
+    args.extend(["audit", "--tenant", "acme", "--format", "jsonl"]);
     if strict {
         args.push("--strict");
     }
@@ -380,4 +382,70 @@ async fn a_tampered_move_is_found_and_located() {
         .unwrap_or_else(|| panic!("a mismatched move: {findings:?}"));
     assert_eq!(f["offset"].as_u64(), Some(in_offset), "{f}");
     assert_eq!(f["partition"], "acme|chat|2026-07|g2");
+}
+
+/// On a topic, a value that does not decode (the first acme record cut in
+/// half, produced by hand to the end of its partition) is a finding at its
+/// offset, naming the ledger partition the front of the value still names;
+/// the audit reads on past it, and `--strict` stops there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_value_on_the_topic_is_located() {
+    let Some(brokers) = brokers() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let topic = format!("reservoir.test.garbled.{}.{nanos}", std::process::id());
+    let server = Server::start(
+        dir.path(),
+        &["--log", "kafka", "--brokers", &brokers, "--topic", &topic],
+    )
+    .await;
+    tenant_history(&server).await;
+    server.stop();
+
+    let log = kafka(&brokers, &topic).await;
+    let mut first_acme = None;
+    for p in 0..log.log_partitions() {
+        let entries = log.read(p, 0, usize::MAX).await.unwrap();
+        first_acme = entries
+            .into_iter()
+            .find(|(_, e)| matches!(e, LogEntry::Record(r) if r.key.subject == "acme"));
+        if first_acme.is_some() {
+            break;
+        }
+    }
+    let (position, entry) = first_acme.expect("an acme record on the topic");
+    let value = codec::encode(&entry).unwrap();
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let delivery = producer
+        .send(
+            FutureRecord::<(), [u8]>::to(&topic)
+                .partition(position.log_partition as i32)
+                .payload(&value[..value.len() / 2]),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("produce");
+    let offset = u64::try_from(delivery.offset).unwrap();
+
+    let source = ["--brokers", brokers.as_str(), "--topic", topic.as_str()];
+    let (code, findings, stderr) = audit_findings_in(&source, false);
+    assert_eq!(code, Some(1), "{stderr}");
+    let undecodable: Vec<_> = findings
+        .iter()
+        .filter(|f| f["kind"] == "undecodable")
+        .map(|f| (f["offset"].as_u64(), f["partition"].as_str()))
+        .collect();
+    assert_eq!(undecodable, [(Some(offset), Some(ACME))], "{findings:?}");
+    let (code, _, stderr) = audit_findings_in(&source, true);
+    assert_eq!(code, Some(3), "--strict stops at it: {stderr}");
+    assert!(
+        stderr.contains(&format!("offset {offset}")) && stderr.contains(ACME),
+        "{stderr}"
+    );
 }
