@@ -118,19 +118,7 @@ async fn state_at_the_end_equals_the_live_projection_embedded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_at_the_end_equals_the_live_projection_on_the_broker() {
     let Some(brokers) = brokers() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let topic = format!("reservoir.test.replay.{}.{nanos}", std::process::id());
-    let server = Server::start(
-        dir.path(),
-        &["--log", "kafka", "--brokers", &brokers, "--topic", &topic],
-    )
-    .await;
-    tenant_history(&server).await;
-    server.stop();
+    let (dir, topic) = kafka_history(&brokers, "replay").await;
     let live = dir.path().join("projections");
     drop(project(std::sync::Arc::new(kafka(&brokers, &topic).await), &live).await);
     let replayed = state_of(&["--brokers", &brokers, "--topic", &topic]);

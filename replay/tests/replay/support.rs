@@ -335,6 +335,25 @@ pub async fn embedded_history() -> (tempfile::TempDir, PathBuf) {
     (dir, log_dir)
 }
 
+/// A server history on a fresh topic of `brokers` (named after `name`);
+/// returns (data dir, topic).
+pub async fn kafka_history(brokers: &str, name: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let topic = format!("reservoir.test.{name}.{}.{nanos}", std::process::id());
+    let server = Server::start(
+        dir.path(),
+        &["--log", "kafka", "--brokers", brokers, "--topic", &topic],
+    )
+    .await;
+    tenant_history(&server).await;
+    server.stop();
+    (dir, topic)
+}
+
 /// Copies a directory (a stopped log) so it can be tampered with.
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -391,19 +391,7 @@ async fn a_tampered_move_is_found_and_located() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_value_on_the_topic_is_located() {
     let Some(brokers) = brokers() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let topic = format!("reservoir.test.garbled.{}.{nanos}", std::process::id());
-    let server = Server::start(
-        dir.path(),
-        &["--log", "kafka", "--brokers", &brokers, "--topic", &topic],
-    )
-    .await;
-    tenant_history(&server).await;
-    server.stop();
+    let (_dir, topic) = kafka_history(&brokers, "garbled").await;
 
     let log = kafka(&brokers, &topic).await;
     let mut first_acme = None;
