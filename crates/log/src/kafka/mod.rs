@@ -33,7 +33,9 @@
 //!   against state missing records that count (duplicate sequence numbers).
 //!
 //! Blocking librdkafka calls (metadata, watermarks, consumer polls) run on
-//! tokio's blocking pool; each log partition has its own lazily created reader.
+//! tokio's blocking pool; each log partition has its own lazily created
+//! reader, assigned once and then moved by seeks (see `read.rs`: librdkafka
+//! 2.12 aborts on quick successive assignment changes).
 //!
 //! **Broker quirks.** On Apache Kafka (and any broker that follows the
 //! protocol) the standard path is taken. Workarounds for a broker's bugs are
@@ -42,8 +44,9 @@
 //!
 //! This file holds the log itself (ownership, claims, producing); `append`
 //! (the append path: standing, ordering, read-back), `config`, `placement`,
-//! `read` (decoding, [`EventReader`]) and `clients` (librdkafka clients, the
-//! topic, error classification) beside it.
+//! `read` (the partition readers, the read loop, the partition's ends,
+//! decoding, [`EventReader`]) and `clients` (librdkafka clients, the topic,
+//! error classification) beside it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
