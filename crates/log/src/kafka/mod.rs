@@ -295,13 +295,16 @@ impl KafkaLog {
     ) -> Result<Vec<(Position, Option<Claim>)>, LogError> {
         let inner = self.inner.clone();
         blocking(move || {
-            inner.read_blocking(
-                log_partition,
-                from_offset,
-                count,
-                ReadTo::Acknowledged(from_offset + count as u64),
-                decode_claim,
-            )
+            inner.with_reader(log_partition, |reader| {
+                inner.read_locked(
+                    reader,
+                    log_partition,
+                    from_offset,
+                    count,
+                    ReadTo::Acknowledged(from_offset + count as u64),
+                    decode_claim,
+                )
+            })
         })
         .await?
     }

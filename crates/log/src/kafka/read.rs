@@ -66,23 +66,21 @@ impl KafkaLog {
         mut each: impl FnMut(Position, &[u8]),
     ) -> Result<usize, LogError> {
         self.check_partition(log_partition)?;
-        let mut slot = self.inner.readers[log_partition as usize]
-            .lock()
-            .expect("reader lock");
-        let reader = self.inner.reader(&mut slot)?;
         let mut handed = 0;
-        self.inner.read_each(
-            reader,
-            log_partition,
-            from_offset,
-            max,
-            ReadTo::EndOfLog,
-            |position, value| {
-                each(position, value);
-                handed += 1;
-                Ok(())
-            },
-        )?;
+        self.inner.with_reader(log_partition, |reader| {
+            self.inner.read_each(
+                reader,
+                log_partition,
+                from_offset,
+                max,
+                ReadTo::EndOfLog,
+                |position, value| {
+                    each(position, value);
+                    handed += 1;
+                    Ok(())
+                },
+            )
+        })?;
         Ok(handed)
     }
 }
@@ -105,13 +103,16 @@ impl EventReader for KafkaLog {
         self.check_partition(log_partition)?;
         let inner = self.inner.clone();
         blocking(move || {
-            inner.read_blocking(
-                log_partition,
-                from_offset,
-                max,
-                ReadTo::EndOfLog,
-                decode_entry,
-            )
+            inner.with_reader(log_partition, |reader| {
+                inner.read_locked(
+                    reader,
+                    log_partition,
+                    from_offset,
+                    max,
+                    ReadTo::EndOfLog,
+                    decode_entry,
+                )
+            })
         })
         .await?
     }
@@ -245,24 +246,21 @@ impl Inner {
         }
     }
 
-    /// Reads up to `max` entries from `from_offset`, as far as `to` says.
-    pub(super) fn read_blocking<T>(
+    /// Runs `read` with the reader of `log_partition`, held throughout (one
+    /// read at a time per partition: a read moves the reader).
+    pub(super) fn with_reader<R>(
         &self,
         log_partition: u32,
-        from_offset: u64,
-        max: usize,
-        to: ReadTo,
-        decode: Decode<T>,
-    ) -> Result<Vec<(Position, T)>, LogError> {
+        read: impl FnOnce(&mut PartitionReader) -> Result<R, LogError>,
+    ) -> Result<R, LogError> {
         let mut slot = self.readers[log_partition as usize]
             .lock()
             .expect("reader lock");
-        let reader = self.reader(&mut slot)?;
-        self.read_locked(reader, log_partition, from_offset, max, to, decode)
+        read(self.reader(&mut slot)?)
     }
 
     /// [`Inner::read_each`], each value decoded into a vector.
-    fn read_locked<T>(
+    pub(super) fn read_locked<T>(
         &self,
         reader: &mut PartitionReader,
         log_partition: u32,
@@ -543,28 +541,26 @@ impl Inner {
     /// one past the *first* offset of the last record batch) while the high
     /// watermark in fetch responses is exact, so it reads from there to the end.
     fn end_offset_blocking(&self, log_partition: u32) -> Result<u64, LogError> {
-        let mut slot = self.readers[log_partition as usize]
-            .lock()
-            .expect("reader lock");
-        let reader = self.reader(&mut slot)?;
-        let listed = self.high_watermark(reader, log_partition)?;
-        reader.listed_end = reader.listed_end.max(listed);
-        if self.config.broker_quirks() != BrokerQuirks::Tansu {
-            return Ok(listed);
-        }
-        // One before it is the last batch's first offset on tansu, the last
-        // entry on Kafka: a fetch from there sees the true end either way.
-        let tail = self.read_locked(
-            reader,
-            log_partition,
-            listed.saturating_sub(1),
-            usize::MAX,
-            ReadTo::EndOfLog,
-            decode_claim,
-        )?;
-        Ok(tail
-            .last()
-            .map_or(listed, |(position, _)| position.offset + 1)
-            .max(listed))
+        self.with_reader(log_partition, |reader| {
+            let listed = self.high_watermark(reader, log_partition)?;
+            reader.listed_end = reader.listed_end.max(listed);
+            if self.config.broker_quirks() != BrokerQuirks::Tansu {
+                return Ok(listed);
+            }
+            // One before it is the last batch's first offset on tansu, the last
+            // entry on Kafka: a fetch from there sees the true end either way.
+            let tail = self.read_locked(
+                reader,
+                log_partition,
+                listed.saturating_sub(1),
+                usize::MAX,
+                ReadTo::EndOfLog,
+                decode_claim,
+            )?;
+            Ok(tail
+                .last()
+                .map_or(listed, |(position, _)| position.offset + 1)
+                .max(listed))
+        })
     }
 }
