@@ -4,14 +4,11 @@
 //!
 //! Replay needs what [`EventReader::read`] does not give: an entry that does not
 //! decode must become a finding at its position, not an error that ends the
-//! read. So [`Source::read_raw`] and [`Source::scan`] give every position with
-//! either its entry or why it is unreadable. A scan takes the raw values (from
-//! a [`SecondaryLog`]'s `for_each_value`, or `KafkaLog::read_values_blocking`)
-//! and decodes them on every core, so a value that does not decode becomes a
-//! finding (and so does a hole, on the embedded log). `read_raw` on Kafka
-//! reads decoded entries: a `LogError::Corrupt` at offset `o` is turned into
-//! a finding at `o` and the read resumes at `o + 1` (the entries before `o`
-//! are read again up to it).
+//! read. So [`Source::scan`] gives every position with either its entry or
+//! why it is unreadable: it takes the raw values (from a [`SecondaryLog`]'s
+//! `for_each_value`, or `KafkaLog::read_values_blocking`) and decodes them on
+//! every core, so a value that does not decode becomes a finding (and so does
+//! a hole, on the embedded log).
 //!
 //! [`Source`] is an [`EventReader`] (and not an `EventLog`: replay never
 //! appends or claims), so the projector itself can run over it (`rebuild`).
@@ -338,23 +335,6 @@ impl Source {
         }
     }
 
-    /// Every position of `[from, from + max)` that exists, in order, each with its
-    /// entry or why it is unreadable. Fewer (possibly none) at the end of the log.
-    pub async fn read_raw(
-        &self,
-        log_partition: u32,
-        from: u64,
-        max: usize,
-    ) -> Result<Vec<RawEntry>, LogError> {
-        match self {
-            Source::Embedded(e) => {
-                check_zero(log_partition)?;
-                e.read_raw(from, max)
-            }
-            Source::Kafka(k) => kafka_read_raw(k, log_partition, from, max).await,
-        }
-    }
-
     /// Reads one log partition from offset 0 up to `until` (exclusive), in
     /// slices handed to `each`.
     pub async fn scan(
@@ -376,8 +356,7 @@ impl Source {
                     let want = usize::try_from(to - from).unwrap_or(usize::MAX);
                     log.read_values_blocking(log_partition, from, want, |position, value| {
                         raw.push(position.offset, value)
-                    })?;
-                    Ok(())
+                    })
                 },
                 each,
             ),
@@ -393,54 +372,6 @@ fn check_zero(log_partition: u32) -> Result<(), LogError> {
             "the embedded log has only log partition 0, not {log_partition}"
         )))
     }
-}
-
-async fn kafka_read_raw(
-    log: &KafkaLog,
-    log_partition: u32,
-    from: u64,
-    max: usize,
-) -> Result<Vec<RawEntry>, LogError> {
-    let mut out = Vec::with_capacity(max.min(Source::SLICE));
-    let mut at = from;
-    let until = from.saturating_add(max as u64);
-    while at < until {
-        let want = usize::try_from(until - at).unwrap_or(usize::MAX);
-        match log.read(log_partition, at, want).await {
-            Ok(entries) => {
-                let done = entries.len() < want;
-                for (position, entry) in entries {
-                    at = position.offset + 1;
-                    out.push(RawEntry {
-                        position,
-                        entry: Ok(entry),
-                    });
-                }
-                if done {
-                    break;
-                }
-            }
-            Err(LogError::Corrupt { position, reason }) if position.offset >= at => {
-                // Entries before the bad one, then the bad one as a finding.
-                let before = usize::try_from(position.offset - at).unwrap_or(usize::MAX);
-                if before > 0 {
-                    for (p, entry) in log.read(log_partition, at, before).await? {
-                        out.push(RawEntry {
-                            position: p,
-                            entry: Ok(entry),
-                        });
-                    }
-                }
-                out.push(RawEntry {
-                    position,
-                    entry: Err(Unreadable { reason, key: None }),
-                });
-                at = position.offset + 1;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out)
 }
 
 impl EventReader for Source {

@@ -80,7 +80,7 @@ pub use config::{BrokerQuirks, KafkaConfig};
 #[cfg(test)]
 use placement::murmur2;
 pub use placement::{log_partition_of_route, murmur2_partition};
-use read::{decode_claim, PartitionReader, ReadTo};
+use read::{decode_claim, PartitionReader, Read, ReadTo};
 
 /// Default topic name.
 pub const TOPIC_DEFAULT: &str = "reservoir.events";
@@ -294,16 +294,15 @@ impl KafkaLog {
         count: usize,
     ) -> Result<Vec<(Position, Option<Claim>)>, LogError> {
         let inner = self.inner.clone();
+        let read = Read {
+            log_partition,
+            from: from_offset,
+            max: count,
+            to: ReadTo::Acknowledged(from_offset + count as u64),
+        };
         blocking(move || {
             inner.with_reader(log_partition, |reader| {
-                inner.read_locked(
-                    reader,
-                    log_partition,
-                    from_offset,
-                    count,
-                    ReadTo::Acknowledged(from_offset + count as u64),
-                    decode_claim,
-                )
+                inner.read_locked(reader, read, decode_claim)
             })
         })
         .await?

@@ -50,10 +50,31 @@ pub(super) enum ReadTo {
     EndOfLog,
 }
 
+/// One read of a log partition: up to `max` entries from `from`, as far as
+/// `to` says.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Read {
+    pub log_partition: u32,
+    pub from: u64,
+    pub max: usize,
+    pub to: ReadTo,
+}
+
+impl Read {
+    /// One past the last offset the read may return.
+    fn limit(&self) -> u64 {
+        let limit = self.from.saturating_add(self.max as u64);
+        match self.to {
+            ReadTo::Acknowledged(until) => limit.min(until),
+            ReadTo::EndOfLog => limit,
+        }
+    }
+}
+
 impl KafkaLog {
     /// The stored values of up to `max` entries of one log partition from
     /// `from_offset`, undecoded, handed to `each` in offset order as they
-    /// arrive; fewer (possibly none) at the end of the log. Returns how many.
+    /// arrive; fewer (possibly none) at the end of the log.
     ///
     /// For readers that decode on threads of their own (replay's decoder
     /// pool): [`EventReader::read`] decodes on the reading thread. Blocks the
@@ -64,24 +85,20 @@ impl KafkaLog {
         from_offset: u64,
         max: usize,
         mut each: impl FnMut(Position, &[u8]),
-    ) -> Result<usize, LogError> {
+    ) -> Result<(), LogError> {
         self.check_partition(log_partition)?;
-        let mut handed = 0;
+        let read = Read {
+            log_partition,
+            from: from_offset,
+            max,
+            to: ReadTo::EndOfLog,
+        };
         self.inner.with_reader(log_partition, |reader| {
-            self.inner.read_each(
-                reader,
-                log_partition,
-                from_offset,
-                max,
-                ReadTo::EndOfLog,
-                |position, value| {
-                    each(position, value);
-                    handed += 1;
-                    Ok(())
-                },
-            )
-        })?;
-        Ok(handed)
+            self.inner.read_each(reader, read, |position, value| {
+                each(position, value);
+                Ok(())
+            })
+        })
     }
 }
 
@@ -102,16 +119,15 @@ impl EventReader for KafkaLog {
     ) -> Result<Vec<(Position, LogEntry)>, LogError> {
         self.check_partition(log_partition)?;
         let inner = self.inner.clone();
+        let read = Read {
+            log_partition,
+            from: from_offset,
+            max,
+            to: ReadTo::EndOfLog,
+        };
         blocking(move || {
             inner.with_reader(log_partition, |reader| {
-                inner.read_locked(
-                    reader,
-                    log_partition,
-                    from_offset,
-                    max,
-                    ReadTo::EndOfLog,
-                    decode_entry,
-                )
+                inner.read_locked(reader, read, decode_entry)
             })
         })
         .await?
@@ -153,18 +169,28 @@ impl EventReader for KafkaLog {
 /// while the fetch stop of the previous change is still in flight, and a read
 /// that answers at once (at the end of the log) can be followed by another
 /// change within that window. A seek or a pause is not an assignment change.
-/// A consumer a seek cannot move (its fetcher stopped, after an offset out
-/// of range) is replaced by a fresh one.
+/// A consumer a seek fails on (librdkafka refuses a seek while the fetcher is
+/// not started, or the seek times out) is replaced by a fresh one; no test
+/// makes a seek fail (a read past the end, then a read before it, seeks
+/// fine), so that path is defensive.
 pub(super) struct PartitionReader {
     consumer: BaseConsumer,
-    /// Whether the consumer's one assignment has been made.
-    assigned: bool,
-    /// Whether [`Inner::rest_reader`] paused its fetcher.
-    paused: bool,
+    fetch: Fetch,
     next_offset: Option<u64>,
     /// The highest end of the partition ListOffsets reported through this
     /// reader: entries before it exist, whatever a fetch said earlier.
     listed_end: u64,
+}
+
+/// Where a [`PartitionReader`]'s consumer stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fetch {
+    /// Not assigned yet: the first read assigns it.
+    Unassigned,
+    /// Assigned, fetching in the background.
+    Running,
+    /// Paused by [`Inner::rest_reader`]; the next read resumes it.
+    Paused,
 }
 
 impl Inner {
@@ -175,8 +201,7 @@ impl Inner {
         if slot.is_none() {
             *slot = Some(PartitionReader {
                 consumer: build_consumer(&self.config)?,
-                assigned: false,
-                paused: false,
+                fetch: Fetch::Unassigned,
                 next_offset: None,
                 listed_end: 0,
             });
@@ -190,16 +215,17 @@ impl Inner {
     /// or not anyone polls it; a writer reads its partitions only on demand
     /// (the claim, recovery, a read-back over a gap), so after those its
     /// reader would fetch, and hold, everything appended since: broker work
-    /// and memory for nothing. The reader is paused, which also drops what it
-    /// had queued; the next read resumes it where it seeks to.
+    /// and memory for nothing. The reader is paused, which also makes what it
+    /// had queued stale (librdkafka's version barrier discards it); the next
+    /// read seeks and resumes it.
     pub(super) fn rest_reader(&self, log_partition: u32) -> bool {
         let Ok(mut slot) = self.readers[log_partition as usize].try_lock() else {
             return false;
         };
-        if let Some(reader) = slot.as_mut().filter(|r| r.assigned && !r.paused) {
+        if let Some(reader) = slot.as_mut().filter(|r| r.fetch == Fetch::Running) {
             match reader.consumer.pause(&self.partition_list(log_partition)) {
                 Ok(()) => {
-                    reader.paused = true;
+                    reader.fetch = Fetch::Paused;
                     reader.next_offset = None;
                 }
                 Err(error) => {
@@ -263,39 +289,27 @@ impl Inner {
     pub(super) fn read_locked<T>(
         &self,
         reader: &mut PartitionReader,
-        log_partition: u32,
-        from_offset: u64,
-        max: usize,
-        to: ReadTo,
+        read: Read,
         decode: Decode<T>,
     ) -> Result<Vec<(Position, T)>, LogError> {
         // Sized for the read up front: growing a vector of entries copies
         // every entry again (a tenth of a drained read's time in `perf`).
-        let wanted = max.min(READ_PREALLOC_ENTRIES_MAX);
-        let mut entries = Vec::with_capacity(match to {
-            ReadTo::Acknowledged(until) => {
-                wanted.min(usize::try_from(until.saturating_sub(from_offset)).unwrap_or(usize::MAX))
-            }
-            ReadTo::EndOfLog => wanted,
-        });
-        self.read_each(
-            reader,
-            log_partition,
-            from_offset,
-            max,
-            to,
-            |position, value| {
-                entries.push((position, decode(position, value)?));
-                Ok(())
-            },
-        )?;
+        let wanted = read.limit().saturating_sub(read.from);
+        let mut entries = Vec::with_capacity(
+            usize::try_from(wanted).map_or(READ_PREALLOC_ENTRIES_MAX, |n| {
+                n.min(READ_PREALLOC_ENTRIES_MAX)
+            }),
+        );
+        self.read_each(reader, read, |position, value| {
+            entries.push((position, decode(position, value)?));
+            Ok(())
+        })?;
         Ok(entries)
     }
 
-    /// The read loop: hands each stored value of up to `max` entries from
-    /// `from_offset`, as far as `to` says, to `each`, in offset order. The
-    /// end of the log is where a fetch says so (PartitionEOF, or the high
-    /// watermark of the last fetch response).
+    /// The read loop: hands each stored value `read` covers to `each`, in
+    /// offset order. The end of the log is where a fetch says so
+    /// (PartitionEOF, or the high watermark of the last fetch response).
     ///
     /// With [`BrokerQuirks::Tansu`] only: a fetch from an offset inside a
     /// multi-record batch returns only the batches that *start* at or after it:
@@ -308,28 +322,28 @@ impl Inner {
     pub(super) fn read_each(
         &self,
         reader: &mut PartitionReader,
-        log_partition: u32,
-        from_offset: u64,
-        max: usize,
-        to: ReadTo,
+        read: Read,
         mut each: impl FnMut(Position, &[u8]) -> Result<(), LogError>,
     ) -> Result<(), LogError> {
+        let Read {
+            log_partition,
+            from: from_offset,
+            to,
+            ..
+        } = read;
         let timeout = self.config.request_timeout;
         let step_back_to_batch = self.config.broker_quirks() == BrokerQuirks::Tansu;
         let deadline = Instant::now() + timeout;
-        let mut limit = from_offset.saturating_add(max as u64);
-        if let ReadTo::Acknowledged(until) = to {
-            limit = limit.min(until);
-        }
+        let limit = read.limit();
         if from_offset >= limit {
             return Ok(());
         }
         let continuing = reader.next_offset == Some(from_offset);
         reader.next_offset = None;
-        let mut assigned_at = from_offset;
+        let mut moved_to = from_offset;
         let mut step_back = 1;
         if !continuing {
-            self.assign(reader, log_partition, from_offset)?;
+            self.move_to(reader, log_partition, from_offset)?;
         }
         // What is known to exist when the read is called (acknowledged to this
         // process's own producer, or reported by ListOffsets through this
@@ -342,8 +356,8 @@ impl Inner {
             .expect("standing lock")
             .acknowledged_to()
             .max(reader.listed_end);
-        let mut heard_since_assign = continuing;
-        let mut assigned = Instant::now();
+        let mut heard_since_move = continuing;
+        let mut moved = Instant::now();
         let mut expected = from_offset;
         let mut last_transient: Option<LogError> = None;
         while expected < limit {
@@ -378,14 +392,13 @@ impl Inner {
                         break; // at the end, as the last fetch response says
                     }
                     if step_back_to_batch
-                        && !heard_since_assign
-                        && assigned.elapsed() >= READ_PROBE
-                        && assigned_at > 0
+                        && !heard_since_move
+                        && moved.elapsed() >= READ_PROBE
+                        && moved_to > 0
                     {
-                        (assigned_at, step_back) =
-                            (expected.saturating_sub(step_back), step_back * 2);
-                        self.assign(reader, log_partition, assigned_at)?;
-                        assigned = Instant::now();
+                        (moved_to, step_back) = (expected.saturating_sub(step_back), step_back * 2);
+                        self.move_to(reader, log_partition, moved_to)?;
+                        moved = Instant::now();
                     }
                     continue;
                 }
@@ -417,16 +430,16 @@ impl Inner {
                     continue;
                 }
             };
-            heard_since_assign = true;
+            heard_since_move = true;
             let offset = u64::try_from(message.offset()).expect("fetched offsets are not negative");
             if offset < expected {
                 continue; // before what we need: left over, or stepped back over it
             }
-            if step_back_to_batch && offset > expected && assigned_at > 0 {
-                // The batch holding `expected` starts before where we assigned.
-                (assigned_at, step_back) = (expected.saturating_sub(step_back), step_back * 2);
-                self.assign(reader, log_partition, assigned_at)?;
-                (heard_since_assign, assigned) = (false, Instant::now());
+            if step_back_to_batch && offset > expected && moved_to > 0 {
+                // The batch holding `expected` starts before where we moved.
+                (moved_to, step_back) = (expected.saturating_sub(step_back), step_back * 2);
+                self.move_to(reader, log_partition, moved_to)?;
+                (heard_since_move, moved) = (false, Instant::now());
                 continue;
             }
             let position = Position {
@@ -443,7 +456,7 @@ impl Inner {
     /// Moves `reader` to fetch `log_partition` from `offset`, dropping what
     /// it had queued: the consumer's one assignment the first time, a seek
     /// after that (see [`PartitionReader`]).
-    fn assign(
+    fn move_to(
         &self,
         reader: &mut PartitionReader,
         log_partition: u32,
@@ -451,7 +464,7 @@ impl Inner {
     ) -> Result<(), LogError> {
         reader.next_offset = None;
         let at = Offset::Offset(kafka_offset(offset));
-        if reader.assigned {
+        if reader.fetch != Fetch::Unassigned {
             match reader.consumer.seek(
                 &self.config.topic,
                 log_partition as i32,
@@ -459,19 +472,19 @@ impl Inner {
                 self.config.request_timeout,
             ) {
                 Ok(()) => {
-                    if reader.paused {
+                    if reader.fetch == Fetch::Paused {
                         reader
                             .consumer
                             .resume(&self.partition_list(log_partition))
                             .map_err(|e| log_error("resume", &e))?;
-                        reader.paused = false;
+                        reader.fetch = Fetch::Running;
                     }
                     return Ok(());
                 }
                 Err(error) => {
                     debug!(log_partition, %error, "a reader could not seek; a fresh one is assigned");
                     reader.consumer = build_consumer(&self.config)?;
-                    reader.paused = false;
+                    reader.fetch = Fetch::Unassigned;
                 }
             }
         }
@@ -483,7 +496,7 @@ impl Inner {
             .consumer
             .assign(&assignment)
             .map_err(|e| log_error("assign", &e))?;
-        reader.assigned = true;
+        reader.fetch = Fetch::Running;
         Ok(())
     }
 
@@ -551,10 +564,12 @@ impl Inner {
             // entry on Kafka: a fetch from there sees the true end either way.
             let tail = self.read_locked(
                 reader,
-                log_partition,
-                listed.saturating_sub(1),
-                usize::MAX,
-                ReadTo::EndOfLog,
+                Read {
+                    log_partition,
+                    from: listed.saturating_sub(1),
+                    max: usize::MAX,
+                    to: ReadTo::EndOfLog,
+                },
                 decode_claim,
             )?;
             Ok(tail

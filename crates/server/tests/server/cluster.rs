@@ -576,19 +576,17 @@ async fn three_nodes_split_route_fail_over_and_fence() {
             let subject = zombie_subjects[i % zombie_subjects.len()].clone();
             tokio::spawn(async move {
                 let id = format!("z-{i}");
-                let body = json!({"id": id, "subject": subject, "route": "chat", "units": 10});
+                let request = json!({"id": id, "subject": subject, "route": "chat", "units": 10});
                 let answer = http
                     .post(format!("{base}/v1/reservations"))
-                    .json(&body)
+                    .json(&request)
                     .send()
                     .await;
-                match answer {
-                    Ok(r) => {
-                        let status = r.status();
-                        (id, Some(status), r.text().await.unwrap_or_default())
-                    }
-                    Err(e) => (id, None, e.to_string()),
-                }
+                let (status, body) = match answer {
+                    Ok(r) => (Some(r.status()), r.text().await.unwrap_or_default()),
+                    Err(e) => (None, e.to_string()),
+                };
+                (id, request, status, body)
             })
         })
         .collect();
@@ -596,13 +594,14 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     let ids: Vec<String> = (0..6).map(|i| format!("c-{i}")).collect();
     cycles(&http, &bases[..1], &ids, &mut acked).await;
     unsafe { libc::kill(n2_pid, libc::SIGCONT) };
-    let mut zombie_answers: Vec<(String, Option<StatusCode>, String)> = Vec::new();
+    // (id, request, n2's status, n2's body)
+    let mut zombie_answers: Vec<(String, Value, Option<StatusCode>, String)> = Vec::new();
     for task in stalled {
-        let (id, status, body) = task.await.unwrap();
+        let (id, request, status, body) = task.await.unwrap();
         if status.is_some_and(|s| s.is_success()) {
             acked.insert(id.clone(), ("RESERVED".into(), None));
         }
-        zombie_answers.push((id, status, body));
+        zombie_answers.push((id, request, status, body));
     }
     // n2 rejoins and gets partitions again; the cluster serves everything.
     wait_served_by_all(&http, &live, &["n1", "n2"], false, Duration::from_secs(60)).await;
@@ -613,7 +612,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     // the one record that counts (written now, or earlier by n2 under a claim
     // it still held, before it could answer).
     let mut retried: BTreeMap<String, Position> = BTreeMap::new();
-    for (id, status, body) in &zombie_answers {
+    for (id, request, status, body) in &zombie_answers {
         if status.is_some_and(|s| s.is_success()) {
             continue;
         }
@@ -622,15 +621,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
             status.is_none() || problem["retryable"] == true,
             "{id}: n2 answered {status:?} ({body}), which does not say to retry"
         );
-        let subject =
-            zombie_subjects[id[2..].parse::<usize>().unwrap() % zombie_subjects.len()].clone();
-        let (s, receipt) = post(
-            &http,
-            &bases[0],
-            "/v1/reservations",
-            json!({"id": id, "subject": subject, "route": "chat", "units": 10}),
-        )
-        .await;
+        let (s, receipt) = post(&http, &bases[0], "/v1/reservations", request.clone()).await;
         assert!(s.is_success(), "{id}: the retry answered {s}: {receipt}");
         let at = &receipt["log_position"];
         retried.insert(
@@ -673,7 +664,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
         .iter()
         .flat_map(|f| f.ids.iter().map(String::as_str))
         .collect();
-    for (id, status, body) in &zombie_answers {
+    for (id, _, status, body) in &zombie_answers {
         let acknowledged = status.is_some_and(|s| s.is_success());
         assert!(
             replay.found.contains_key(id),
