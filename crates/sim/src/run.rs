@@ -21,7 +21,7 @@ use reservoir_core::{
     Command, DimensionAmounts, MoveId, OperationId, PartitionKey, Policy, Rejection, RequestDigest,
     Reservation, ReservationId, ReservationState, Units, Usage,
 };
-use reservoir_server::writer::{Amount, Answer, Failure, Reply, Request, RetiredIndex};
+use reservoir_server::writer::{Amount, Answer, Failure, Reply, Request, Retired, RetiredIndex};
 use sha2::{Digest, Sha256};
 
 use crate::check::{self, finding, Finding, Gate, Mirror, Partitions};
@@ -235,6 +235,8 @@ struct World {
     node: Node,
     mirror: Mirror,
     calls: Vec<Call>,
+    /// Index records the model checker decoded, with their bytes (`check_model`).
+    index_seen: BTreeMap<ReservationId, (Vec<u8>, Retired)>,
     open_calls: [usize; GATEWAYS],
     lines: Vec<Line>,
     plant: Option<Plant>,
@@ -296,6 +298,7 @@ impl World {
             node,
             mirror: Mirror::default(),
             calls: Vec::new(),
+            index_seen: BTreeMap::new(),
             open_calls: [0; GATEWAYS],
             lines,
             plant: config.plant,

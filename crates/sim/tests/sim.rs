@@ -14,7 +14,7 @@ use reservoir_sim::{
 };
 
 /// Interleavings of the CI run, and rounds in each.
-const CI_INTERLEAVINGS: u64 = 400;
+const CI_INTERLEAVINGS: u64 = 2_000;
 const CI_STEPS: usize = 200;
 /// Threads the CI run uses (the machine has two cores, shared).
 const CI_THREADS: usize = 2;
