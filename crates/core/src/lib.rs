@@ -16,6 +16,8 @@
 //! - [`retention`]: which records stay in memory (open ones, and finished ones
 //!   for the policy's idempotency window); [`decide_retired`] answers a command
 //!   about a record that left memory, from that record.
+//! - [`placement`]: which log partition a subject/route's records go to
+//!   (Kafka's murmur2), for the log, the cluster's routing and clients.
 //!
 //! After every `apply`, `opening + minted + overdraftIssued = available + reserved
 //! + spent + retiredForEmergency + overdraftRepaid` holds (with the cross-partition
@@ -52,6 +54,7 @@ pub mod epoch;
 pub mod event;
 pub mod ledger;
 pub mod partition;
+pub mod placement;
 pub mod policy;
 pub mod rejection;
 pub mod reservation;

@@ -139,6 +139,11 @@ struct RunArgs {
     output_tokens: u64,
     #[arg(long, default_value = "tenant-")]
     subject_prefix: String,
+    /// Reservoir in cluster mode: only subjects whose log partition the node
+    /// at --url owns (from its `GET /v1/cluster/node`), as a gateway that
+    /// knows the topic's placement would send them; nothing is forwarded.
+    #[arg(long)]
+    owned_only: bool,
     #[arg(long, default_value = "chat")]
     route: String,
     #[arg(long, default_value = "2026-11")]
@@ -174,6 +179,8 @@ fn config(a: RunArgs) -> (RunConfig, Option<String>) {
         clients: a.clients,
         subjects: a.subjects,
         subject_prefix: a.subject_prefix,
+        owned_only: a.owned_only,
+        subject_names: Vec::new(),
         route: a.route,
         epoch: a.epoch,
         units: a.units,

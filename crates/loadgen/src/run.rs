@@ -86,8 +86,16 @@ pub struct RunConfig {
     pub clients: usize,
     /// Subjects (tenants) the clients are spread over, round robin.
     pub subjects: usize,
-    /// Subjects are named `{subject_prefix}1 ..= {subject_prefix}S`.
+    /// Subjects are named `{subject_prefix}1 ..= {subject_prefix}S`, unless
+    /// `owned_only` picks other numbers.
     pub subject_prefix: String,
+    /// Reservoir in cluster mode: only subjects whose log partition the node
+    /// at the target URL owns, so no request is forwarded to a peer (a
+    /// gateway that knows the topic's placement, [`owned_subjects`]).
+    pub owned_only: bool,
+    /// The subjects' names, when not `{subject_prefix}1 ..= S` (set by
+    /// [`run`] for `owned_only`).
+    pub subject_names: Vec<String>,
     /// Route of every reservation.
     pub route: String,
     /// Accounting epoch sent with the policies.
@@ -133,7 +141,11 @@ impl RunConfig {
 
     /// Subject of client `i`.
     pub fn subject(&self, i: usize) -> String {
-        format!("{}{}", self.subject_prefix, i % self.subjects.max(1) + 1)
+        let slot = i % self.subjects.max(1);
+        match self.subject_names.get(slot) {
+            Some(name) => name.clone(),
+            None => format!("{}{}", self.subject_prefix, slot + 1),
+        }
     }
 }
 
@@ -476,10 +488,73 @@ async fn client_loop(idx: usize, mut client: Client, sh: Arc<Shared>) -> (Record
     (rec, connects)
 }
 
+/// `cfg.subjects` names `{subject_prefix}N` (N = 1, 2, …, skipping the
+/// rest) whose subject/route the cluster node at the target URL owns, by its
+/// `GET /v1/cluster/node` (the topic's partition count and the node's
+/// assignment) and the log's placement (`reservoir_core::placement`).
+pub async fn owned_subjects(cfg: &RunConfig) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct NodeStatus {
+        log_partitions: u32,
+        assigned: Vec<u32>,
+    }
+    let Target::Reservoir { url } = &cfg.target else {
+        return Err("--owned-only needs --target reservoir".into());
+    };
+    let (status, body) = HttpConn::new(authority_of(url)?)
+        .get("/v1/cluster/node")
+        .await
+        .map_err(|e| format!("GET {url}/v1/cluster/node: {e}"))?;
+    if !status.is_success() {
+        return Err(format!(
+            "GET {url}/v1/cluster/node answered {status} (--owned-only needs a cluster node): {}",
+            String::from_utf8_lossy(&body)
+        ));
+    }
+    let node: NodeStatus = serde_json::from_slice(&body)
+        .map_err(|e| format!("GET {url}/v1/cluster/node: unexpected answer: {e}"))?;
+    if !node.assigned.iter().any(|&p| p < node.log_partitions) {
+        return Err(format!("the node at {url} owns no partition right now"));
+    }
+    Ok(subjects_in(
+        &cfg.subject_prefix,
+        &cfg.route,
+        cfg.subjects,
+        node.log_partitions,
+        &node.assigned,
+    ))
+}
+
+/// The first `n` subjects `{prefix}1, {prefix}2, …` whose `route` lies in
+/// one of the `assigned` log partitions (of `log_partitions`).
+pub fn subjects_in(
+    prefix: &str,
+    route: &str,
+    n: usize,
+    log_partitions: u32,
+    assigned: &[u32],
+) -> Vec<String> {
+    assert!(
+        assigned.iter().any(|&p| p < log_partitions),
+        "some assigned partition exists"
+    );
+    (1..)
+        .map(|i| format!("{prefix}{i}"))
+        .filter(|name| {
+            let p = reservoir_core::placement::log_partition_of_route(name, route, log_partitions);
+            assigned.contains(&p)
+        })
+        .take(n)
+        .collect()
+}
+
 /// Runs one benchmark and returns its summary.
-pub async fn run(cfg: RunConfig) -> Result<Summary, String> {
+pub async fn run(mut cfg: RunConfig) -> Result<Summary, String> {
     if cfg.clients == 0 || cfg.subjects == 0 {
         return Err("clients and subjects must be at least 1".into());
+    }
+    if cfg.owned_only {
+        cfg.subject_names = owned_subjects(&cfg).await?;
     }
     let scripts = publish(&cfg).await?;
 

@@ -9,7 +9,7 @@ use reservoir_loadgen::redis_ledger::{BucketPolicy, Keys, RedisLedger};
 use reservoir_loadgen::report::{
     markdown, native_markdown, native_runs, parse_lines, parse_native, Labels,
 };
-use reservoir_loadgen::run::{run, RunConfig, Stop, Target};
+use reservoir_loadgen::run::{run, subjects_in, RunConfig, Stop, Target};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -136,6 +136,8 @@ async fn lua_books_balance_after_a_bounded_contended_run() {
         clients: 24,
         subjects: 3,
         subject_prefix: "t-".into(),
+        owned_only: false,
+        subject_names: Vec::new(),
         route: "chat".into(),
         epoch: "2026-11".into(),
         units: 600,
@@ -452,4 +454,28 @@ fn native_report_combines_script_windows_harmonically_and_gives_both_ratios() {
         md.contains("≥ redis-always-native, no errors): **not met**"),
         "{md}"
     );
+}
+
+/// `--owned-only` picks, in order, exactly the subjects whose route lies in
+/// the node's partitions (Kafka's murmur2 placement), and none other.
+#[test]
+fn owned_subjects_are_the_first_in_the_assigned_partitions() {
+    use reservoir_core::placement::log_partition_of_route;
+    let picked = subjects_in("k2a-", "chat", 16, 8, &[1, 4, 6]);
+    assert_eq!(picked.len(), 16);
+    let mut expected = Vec::new();
+    for i in 1.. {
+        let name = format!("k2a-{i}");
+        if [1, 4, 6].contains(&log_partition_of_route(&name, "chat", 8)) {
+            expected.push(name);
+        }
+        if expected.len() == 16 {
+            break;
+        }
+    }
+    assert_eq!(picked, expected);
+    // Disjoint assignments give disjoint subjects: the two halves of a
+    // cluster never share one.
+    let other = subjects_in("k2a-", "chat", 16, 8, &[0, 2, 3, 5, 7]);
+    assert!(picked.iter().all(|s| !other.contains(s)));
 }

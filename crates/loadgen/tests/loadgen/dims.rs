@@ -194,6 +194,8 @@ async fn lua_three_dimension_contended_run_conserves_every_dimension() {
         clients: 24,
         subjects: 3,
         subject_prefix: "d-".into(),
+        owned_only: false,
+        subject_names: Vec::new(),
         route: "chat".into(),
         epoch: "2026-11".into(),
         units: 600,

@@ -43,7 +43,7 @@
 //! ([`BrokerQuirks::ENV`]); today that is tansu 0.6.
 //!
 //! This file holds the log itself (ownership, claims, producing); `append`
-//! (the append path: standing, ordering, read-back), `config`, `placement`,
+//! (the append path: standing, ordering, read-back), `config`,
 //! `read` (the partition readers, the read loop, the partition's ends,
 //! decoding, [`EventReader`]) and `clients` (librdkafka clients, the topic,
 //! error classification) beside it.
@@ -70,17 +70,14 @@ use crate::{codec, fence, Claim, EventLog, EventReader, LogEntry, LogError, Posi
 mod append;
 mod clients;
 mod config;
-mod placement;
 mod read;
 
 use append::Standing;
 pub use clients::log_error;
 use clients::{blocking, build_consumer, build_producer, ensure_topic, leadership_moving};
 pub use config::{BrokerQuirks, KafkaConfig};
-#[cfg(test)]
-use placement::murmur2;
-pub use placement::{log_partition_of_route, murmur2_partition};
 use read::{decode_claim, PartitionReader, Read, ReadTo};
+pub use reservoir_core::placement::{log_partition_of_route, murmur2_partition};
 
 /// Default topic name.
 pub const TOPIC_DEFAULT: &str = "reservoir.events";
@@ -436,30 +433,6 @@ impl Enqueued {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Kafka's own murmur2 test vectors (`UtilsTest.testMurmur2` in Apache
-    /// Kafka): our placement agrees with Java clients' default partitioner.
-    #[test]
-    fn murmur2_matches_kafka() {
-        let vectors: [(&str, i32); 6] = [
-            ("21", -973932308),
-            ("foobar", -790332482),
-            ("a-little-bit-long-string", -985981536),
-            ("a-little-bit-longer-string", -1486304829),
-            (
-                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
-                -58897971,
-            ),
-            ("abc", 479470107),
-        ];
-        for (input, expected) in vectors {
-            assert_eq!(murmur2(input.as_bytes()) as i32, expected, "{input}");
-        }
-        assert_eq!(
-            murmur2_partition(b"abc", 8),
-            (479470107u32 & 0x7fff_ffff) % 8
-        );
-    }
 
     #[test]
     fn broker_quirks_by_name() {

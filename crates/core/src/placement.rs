@@ -1,5 +1,8 @@
-//! Which Kafka partition a subject/route's records go to: murmur2, as Kafka's
-//! Java default partitioner computes it, so other Kafka clients agree.
+//! Which log partition a subject/route's records go to: murmur2, as Kafka's
+//! Java default partitioner computes it, so other Kafka clients agree. Part
+//! of the ledger's wire contract: the Kafka log places records with it, a
+//! cluster node routes requests with it, and a client that knows the topic's
+//! partition count and who owns each can send a request to its owner.
 
 /// The log partition of every ledger partition of one subject and route (all
 /// accounting epochs and policy generations): murmur2 of `subject|route`.
@@ -25,7 +28,7 @@ pub fn murmur2_partition(key: &[u8], partitions: u32) -> u32 {
     (murmur2(key) & 0x7fff_ffff) % partitions
 }
 
-pub(super) fn murmur2(data: &[u8]) -> u32 {
+pub fn murmur2(data: &[u8]) -> u32 {
     const SEED: u32 = 0x9747_b28c;
     const M: u32 = 0x5bd1_e995;
     const R: u32 = 24;
@@ -54,4 +57,33 @@ pub(super) fn murmur2(data: &[u8]) -> u32 {
     h = h.wrapping_mul(M);
     h ^= h >> 15;
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kafka's own murmur2 test vectors (`UtilsTest.testMurmur2` in Apache
+    /// Kafka): our placement agrees with Java clients' default partitioner.
+    #[test]
+    fn murmur2_matches_kafka() {
+        let vectors: [(&str, i32); 6] = [
+            ("21", -973932308),
+            ("foobar", -790332482),
+            ("a-little-bit-long-string", -985981536),
+            ("a-little-bit-longer-string", -1486304829),
+            (
+                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58897971,
+            ),
+            ("abc", 479470107),
+        ];
+        for (input, expected) in vectors {
+            assert_eq!(murmur2(input.as_bytes()) as i32, expected, "{input}");
+        }
+        assert_eq!(
+            murmur2_partition(b"abc", 8),
+            (479470107u32 & 0x7fff_ffff) % 8
+        );
+    }
 }
