@@ -261,6 +261,10 @@ struct World {
     coverage: BTreeMap<&'static str, u64>,
     start_ms: u64,
     steps: usize,
+    /// Where the checker's own recovery writes the records it evicts: not
+    /// the node's index, which the checker would otherwise fill in behind
+    /// the node's back (a record the writer failed to keep would reappear).
+    checker_index: RetiredIndex,
     _dir: tempfile::TempDir,
 }
 
@@ -272,6 +276,7 @@ impl World {
         let max_batch = *[2usize, 8, 64].get(rng.index(3)).expect("an index below 3");
         let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
         let retired = Arc::new(RetiredIndex::open(&dir.path().join("retired"))?);
+        let checker_index = RetiredIndex::open(&dir.path().join("checker-retired"))?;
         let log = Arc::new(SimLog::new(
             ordered,
             config.plant == Some(Plant::DebtNotCarried),
@@ -319,6 +324,7 @@ impl World {
             coverage: BTreeMap::new(),
             start_ms: workload::START_MS,
             steps: config.steps,
+            checker_index,
             _dir: dir,
         };
         world.note(format!(

@@ -41,7 +41,7 @@ impl World {
                 &*self.node.log,
                 self.node.shards,
                 None,
-                &self.node.retired,
+                &self.checker_index,
             )
             .await
             {
