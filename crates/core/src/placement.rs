@@ -28,7 +28,7 @@ pub fn murmur2_partition(key: &[u8], partitions: u32) -> u32 {
     (murmur2(key) & 0x7fff_ffff) % partitions
 }
 
-pub fn murmur2(data: &[u8]) -> u32 {
+fn murmur2(data: &[u8]) -> u32 {
     const SEED: u32 = 0x9747_b28c;
     const M: u32 = 0x5bd1_e995;
     const R: u32 = 24;

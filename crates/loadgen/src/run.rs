@@ -513,39 +513,40 @@ pub async fn owned_subjects(cfg: &RunConfig) -> Result<Vec<String>, String> {
     }
     let node: NodeStatus = serde_json::from_slice(&body)
         .map_err(|e| format!("GET {url}/v1/cluster/node: unexpected answer: {e}"))?;
-    if !node.assigned.iter().any(|&p| p < node.log_partitions) {
-        return Err(format!("the node at {url} owns no partition right now"));
-    }
-    Ok(subjects_in(
+    subjects_in(
         &cfg.subject_prefix,
         &cfg.route,
         cfg.subjects,
         node.log_partitions,
         &node.assigned,
-    ))
+    )
+    .ok_or_else(|| format!("the node at {url} owns no partition right now"))
 }
 
 /// The first `n` subjects `{prefix}1, {prefix}2, …` whose `route` lies in
-/// one of the `assigned` log partitions (of `log_partitions`).
+/// one of the `assigned` log partitions (of `log_partitions`); `None` when
+/// none of them exists (no name could ever be found).
 pub fn subjects_in(
     prefix: &str,
     route: &str,
     n: usize,
     log_partitions: u32,
     assigned: &[u32],
-) -> Vec<String> {
-    assert!(
-        assigned.iter().any(|&p| p < log_partitions),
-        "some assigned partition exists"
-    );
-    (1..)
-        .map(|i| format!("{prefix}{i}"))
-        .filter(|name| {
-            let p = reservoir_core::placement::log_partition_of_route(name, route, log_partitions);
-            assigned.contains(&p)
-        })
-        .take(n)
-        .collect()
+) -> Option<Vec<String>> {
+    if !assigned.iter().any(|&p| p < log_partitions) {
+        return None;
+    }
+    let owned = |name: &String| {
+        let p = reservoir_core::placement::log_partition_of_route(name, route, log_partitions);
+        assigned.contains(&p)
+    };
+    Some(
+        (1..)
+            .map(|i| format!("{prefix}{i}"))
+            .filter(owned)
+            .take(n)
+            .collect(),
+    )
 }
 
 /// Runs one benchmark and returns its summary.

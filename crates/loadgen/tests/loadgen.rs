@@ -456,26 +456,33 @@ fn native_report_combines_script_windows_harmonically_and_gives_both_ratios() {
     );
 }
 
-/// `--owned-only` picks, in order, exactly the subjects whose route lies in
-/// the node's partitions (Kafka's murmur2 placement), and none other.
+/// `--owned-only` picks the first subjects (by number) whose route lies in
+/// the node's partitions (Kafka's murmur2 placement): every one picked is
+/// owned, every number skipped below the last is not, and two nodes'
+/// disjoint assignments never share a subject.
 #[test]
 fn owned_subjects_are_the_first_in_the_assigned_partitions() {
     use reservoir_core::placement::log_partition_of_route;
-    let picked = subjects_in("k2a-", "chat", 16, 8, &[1, 4, 6]);
-    assert_eq!(picked.len(), 16);
-    let mut expected = Vec::new();
-    for i in 1.. {
-        let name = format!("k2a-{i}");
-        if [1, 4, 6].contains(&log_partition_of_route(&name, "chat", 8)) {
-            expected.push(name);
-        }
-        if expected.len() == 16 {
-            break;
-        }
+    let (mine, theirs) = (&[1, 4, 6][..], &[0, 2, 3, 5, 7][..]);
+    let partition = |n: u32| log_partition_of_route(&format!("k2a-{n}"), "chat", 8);
+    let picked = subjects_in("k2a-", "chat", 16, 8, mine).expect("partitions exist");
+    let numbers: Vec<u32> = picked
+        .iter()
+        .map(|s| s.strip_prefix("k2a-").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(numbers.len(), 16);
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+    for n in 1..=*numbers.last().unwrap() {
+        assert_eq!(
+            numbers.contains(&n),
+            mine.contains(&partition(n)),
+            "k2a-{n} lies in partition {}",
+            partition(n)
+        );
     }
-    assert_eq!(picked, expected);
-    // Disjoint assignments give disjoint subjects: the two halves of a
-    // cluster never share one.
-    let other = subjects_in("k2a-", "chat", 16, 8, &[0, 2, 3, 5, 7]);
+    let other = subjects_in("k2a-", "chat", 16, 8, theirs).expect("partitions exist");
     assert!(picked.iter().all(|s| !other.contains(s)));
+    // A node that owns nothing (or only partitions the topic lacks) gets no names.
+    assert_eq!(subjects_in("k2a-", "chat", 16, 8, &[]), None);
+    assert_eq!(subjects_in("k2a-", "chat", 16, 8, &[8, 9]), None);
 }

@@ -21,7 +21,7 @@ use reservoir_core::{
     Command, DimensionAmounts, MoveId, OperationId, PartitionKey, Policy, Rejection, RequestDigest,
     Reservation, ReservationId, ReservationState, Units, Usage,
 };
-use reservoir_server::writer::{Amount, Answer, Failure, Reply, Request, Retired, RetiredIndex};
+use reservoir_server::writer::{Amount, Answer, Failure, Reply, Request, RetiredIndex};
 use sha2::{Digest, Sha256};
 
 use crate::check::{self, finding, Finding, Gate, Mirror, Partitions};
@@ -235,8 +235,6 @@ struct World {
     node: Node,
     mirror: Mirror,
     calls: Vec<Call>,
-    /// Index records the model checker decoded, with their bytes (`check_model`).
-    index_seen: BTreeMap<ReservationId, (Vec<u8>, Retired)>,
     open_calls: [usize; GATEWAYS],
     lines: Vec<Line>,
     plant: Option<Plant>,
@@ -303,7 +301,6 @@ impl World {
             node,
             mirror: Mirror::default(),
             calls: Vec::new(),
-            index_seen: BTreeMap::new(),
             open_calls: [0; GATEWAYS],
             lines,
             plant: config.plant,

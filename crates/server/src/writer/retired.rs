@@ -36,12 +36,6 @@ pub struct Retired {
 }
 
 impl Retired {
-    /// A record as [`RetiredIndex`] stores it (under `id`).
-    pub fn decode(id: &ReservationId, bytes: &[u8]) -> Result<Retired, String> {
-        serde_json::from_slice(bytes)
-            .map_err(|e| format!("idempotency index entry for {id} is corrupt: {e}"))
-    }
-
     pub fn new(key: PartitionKey, position: Position, reservation: Reservation) -> Retired {
         Retired {
             key,
@@ -114,16 +108,6 @@ impl RetiredIndex {
 
     /// The record of `id`, if it left memory.
     pub fn get(&self, id: &ReservationId) -> Result<Option<Retired>, String> {
-        match self.get_encoded(id)? {
-            None => Ok(None),
-            Some(bytes) => Retired::decode(id, &bytes).map(Some),
-        }
-    }
-
-    /// The record of `id` as stored (see [`Retired::decode`]), if it left
-    /// memory: for a reader that keeps what it decoded and decodes again
-    /// only when the bytes differ (the simulator's checker).
-    pub fn get_encoded(&self, id: &ReservationId) -> Result<Option<Vec<u8>>, String> {
         let found = self
             .db
             .get_pinned(id.as_str().as_bytes())
@@ -133,7 +117,12 @@ impl RetiredIndex {
             "result" => if found.is_some() { "hit" } else { "miss" }
         )
         .increment(1);
-        Ok(found.map(|bytes| bytes.to_vec()))
+        match found {
+            None => Ok(None),
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("idempotency index entry for {id} is corrupt: {e}")),
+        }
     }
 
     /// Makes every write so far durable (before a snapshot is written).

@@ -560,8 +560,8 @@ impl World {
             }
             let record = match live.get(key).and_then(|p| p.reservations.get(&call.id)) {
                 Some(r) => Some(r.clone()),
-                None => match retired_record(&self.node.retired, &mut self.index_seen, &call.id) {
-                    Ok(Some(retired)) if retired.key == *key => Some(retired.reservation.clone()),
+                None => match self.node.retired.get(&call.id) {
+                    Ok(Some(retired)) if retired.key == *key => Some(retired.reservation),
                     Ok(_) => None,
                     Err(err) => {
                         out.push(wrong(err));
@@ -656,25 +656,4 @@ pub(super) fn reachable(from: ReservationState, to: ReservationState) -> bool {
         i += 1;
     }
     seen.contains(&to)
-}
-
-/// The record of `id` in the idempotency index, read on every check and
-/// decoded only when its bytes differ from the last ones `seen` (a finished
-/// record never changes, but every call is checked again after each
-/// rebuild, and decoding was a sixth of the simulator's time).
-fn retired_record<'a>(
-    index: &RetiredIndex,
-    seen: &'a mut BTreeMap<ReservationId, (Vec<u8>, Retired)>,
-    id: &ReservationId,
-) -> Result<Option<&'a Retired>, String> {
-    let Some(bytes) = index.get_encoded(id)? else {
-        seen.remove(id);
-        return Ok(None);
-    };
-    let fresh = seen.get(id).is_none_or(|(old, _)| *old != bytes);
-    if fresh {
-        let record = Retired::decode(id, &bytes)?;
-        seen.insert(id.clone(), (bytes, record));
-    }
-    Ok(seen.get(id).map(|(_, record)| record))
 }
