@@ -45,7 +45,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{codec, Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
 
 pub mod secondary;
+mod tail;
 pub use secondary::SecondaryLog;
+use tail::Tail;
+pub use tail::TAIL_ENTRIES_MAX;
 
 /// Column family holding the entries, keyed by big-endian offset.
 pub const ENTRIES_CF: &str = "entries";
@@ -60,7 +63,8 @@ pub const FORMAT_TAG: &[u8] = b"reservoir.embedded-log.v1";
 pub const APPEND_RECORDS_MAX: usize = 16_384;
 /// Most entries the writer puts in one synced write (a group of appends).
 pub const WRITE_GROUP_ENTRIES_MAX: usize = 65_536;
-/// Batches at least this long are freed on the blocking pool (see `append`).
+/// Batches at least this long are freed on the blocking pool (see `append`);
+/// shorter ones are kept in the [`Tail`] for the first reader.
 const FREE_ASIDE_RECORDS_MIN: usize = 64;
 /// Initial buffer space per record; a one-event record encodes to ~180 bytes.
 const ENCODED_RECORD_BYTES_GUESS: usize = 224;
@@ -104,6 +108,8 @@ enum Request {
         /// The encoded values, back to back; `ends[i]` is where value `i` ends.
         bytes: Vec<u8>,
         ends: Vec<usize>,
+        /// The records encoded, for the [`Tail`]; empty if not kept.
+        records: Vec<Record>,
         reply: oneshot::Sender<Result<u64, LogError>>,
     },
     Claim {
@@ -175,6 +181,7 @@ impl EmbeddedLog {
                 failed: None,
             }),
             synced_writes: AtomicU64::new(0),
+            tail: Mutex::new(Tail::default()),
         });
         let writer_shared = shared.clone();
         let writer = std::thread::Builder::new()
@@ -222,6 +229,15 @@ impl EmbeddedLog {
     /// concurrent appends were committed together.
     pub fn synced_writes(&self) -> u64 {
         self.shared.synced_writes.load(Ordering::Relaxed)
+    }
+
+    /// Entries held in the tail for their first reader (see [`tail`]).
+    pub fn tail_entries(&self) -> usize {
+        self.shared
+            .tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// The claim this log instance holds, if it has claimed.
@@ -387,6 +403,8 @@ struct Shared {
     core: Mutex<Core>,
     /// Synced writes made since open (each one group of appends and claims).
     synced_writes: AtomicU64,
+    /// The newest entries, for their first reader.
+    tail: Mutex<Tail>,
 }
 
 /// The writer thread: drains everything queued into one group per synced write.
@@ -407,7 +425,7 @@ fn run_writer(shared: &Shared, mut queue: mpsc::Receiver<Request>) {
             .core
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .write_group(group);
+            .write_group(group, &shared.tail);
         if wrote {
             shared.synced_writes.fetch_add(1, Ordering::Relaxed);
         }
@@ -415,9 +433,9 @@ fn run_writer(shared: &Shared, mut queue: mpsc::Receiver<Request>) {
 }
 
 impl Core {
-    /// Writes one group in one synced write and answers it; false if nothing
-    /// was written.
-    fn write_group(&mut self, group: Vec<Request>) -> bool {
+    /// Writes one group in one synced write, keeps its entries in `tail` and
+    /// answers it; false if nothing was written.
+    fn write_group(&mut self, mut group: Vec<Request>, tail: &Mutex<Tail>) -> bool {
         if let Some(reason) = &self.failed {
             let reason = reason.clone();
             reply_all(group, || {
@@ -481,6 +499,8 @@ impl Core {
             return false;
         }
         assert!(offset >= self.next_offset, "offsets only grow");
+        // Durable now: into the tail before the end that makes them readable.
+        let dropped = keep_in_tail(&mut group, &outcomes, tail);
         self.next_offset = offset;
         self.latest_claim = latest_claim;
         // Published before anyone is answered: an acknowledged entry is readable.
@@ -504,8 +524,40 @@ impl Core {
                 }
             }
         }
+        drop(dropped);
         true
     }
+}
+
+/// Moves the written entries of `group` (its first offsets in `outcomes`) into
+/// the tail; returns what the tail let go, to be freed once everyone is answered.
+fn keep_in_tail(
+    group: &mut [Request],
+    outcomes: &[Result<(u64, Option<Claim>), LogError>],
+    tail: &Mutex<Tail>,
+) -> Vec<LogEntry> {
+    let mut dropped = Vec::new();
+    let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+    for (request, outcome) in group.iter_mut().zip(outcomes) {
+        match (request, outcome) {
+            (Request::Append { records, ends, .. }, Ok((first, _))) => {
+                if records.len() != ends.len() {
+                    // Not kept (a large batch): the tail cannot go on past it.
+                    tail.clear(&mut dropped);
+                    continue;
+                }
+                for (offset, record) in (*first..).zip(records.drain(..)) {
+                    tail.push(offset, LogEntry::Record(record), &mut dropped);
+                }
+            }
+            (Request::Claim { .. }, Ok((at, Some(claim)))) => {
+                tail.push(*at, LogEntry::Claim(claim.clone()), &mut dropped);
+            }
+            // Nothing written at this request's place.
+            _ => {}
+        }
+    }
+    dropped
 }
 
 fn group_entries(request: &Request) -> usize {
@@ -590,16 +642,24 @@ impl EmbeddedLog {
             ends.push(bytes.len());
         }
         let count = ends.len() as u64;
-        // Freeing a large batch costs about as much as encoding it: do it on
-        // the blocking pool, alongside the fsync, not before or after it.
-        match tokio::runtime::Handle::try_current() {
+        // A small batch goes to the tail, for the first reader. Freeing a
+        // large one costs about as much as encoding it: do it on the blocking
+        // pool, alongside the fsync, not before or after it.
+        let records = match tokio::runtime::Handle::try_current() {
             Ok(runtime) if batch.len() >= FREE_ASIDE_RECORDS_MIN => {
                 runtime.spawn_blocking(move || drop(batch));
+                Vec::new()
             }
-            _ => drop(batch),
-        }
+            _ if batch.len() >= FREE_ASIDE_RECORDS_MIN => Vec::new(),
+            _ => batch,
+        };
         let (reply, answer) = oneshot::channel();
-        let later = self.try_queue(Request::Append { bytes, ends, reply })?;
+        let later = self.try_queue(Request::Append {
+            bytes,
+            ends,
+            records,
+            reply,
+        })?;
         Ok(Some((answer, count, later)))
     }
 }
@@ -625,7 +685,20 @@ impl EventReader for EmbeddedLog {
             return Ok(Vec::new());
         }
         let until = end.min(from_offset.saturating_add(max as u64));
-        read_range(&self.db, from_offset, until, |e| storage("read", e))
+        let mut dropped = Vec::new();
+        let mut entries = self
+            .shared
+            .tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(from_offset, until, &mut dropped);
+        drop(dropped);
+        // What the tail did not hold comes from the disk.
+        let next = entries.last().map_or(from_offset, |(p, _)| p.offset + 1);
+        if next < until {
+            entries.extend(read_range(&self.db, next, until, |e| storage("read", e))?);
+        }
+        Ok(entries)
     }
 
     async fn end_offset(&self, log_partition: u32) -> Result<u64, LogError> {
