@@ -56,9 +56,12 @@ use crate::store::{self, decode, encode, get, get_raw, scan_prefix, store_error}
 use crate::{ProjectionError, Projections};
 
 mod derive;
+mod models;
 mod moves;
 
 use derive::apply_record;
+use models::Models;
+pub use models::MODELS_CACHED_MAX;
 
 /// How often a following projector publishes its lag (a look at the log's end
 /// costs a broker round trip on Kafka).
@@ -135,6 +138,8 @@ pub struct Projector<L: EventReader> {
     /// Every ledger partition touched since opening (committed state plus the
     /// step in progress).
     partitions: HashMap<PartitionKey, PartitionProjection>,
+    /// Digests, histograms, drift and roll-ups, kept between steps.
+    models: Models,
     positions: watch::Sender<Vec<u64>>,
     /// Signalled by queries waiting for a position: ends a linger at once.
     hurry: Arc<Notify>,
@@ -192,6 +197,7 @@ impl<L: EventReader> Projector<L> {
             config,
             cursors,
             partitions: HashMap::new(),
+            models: Models::default(),
             positions,
             hurry: Arc::new(Notify::new()),
             poisoned: false,
@@ -261,7 +267,10 @@ impl<L: EventReader> Projector<L> {
         }
         self.poisoned = true;
         let db = self.db.clone();
-        let mut work = Work::default();
+        let mut work = Work {
+            models: std::mem::take(&mut self.models),
+            ..Work::default()
+        };
         for (lp, entries) in read.into_iter().enumerate() {
             let Some((last, _)) = entries.last() else {
                 continue;
@@ -301,7 +310,11 @@ impl<L: EventReader> Projector<L> {
             prune(&db, &mut work, self.newest_at_ms.saturating_sub(keep_ms))?;
         }
         let routes = std::mem::take(&mut work.routes);
+        // Back before the commit: on a failure the projector is poisoned
+        // and reopened with empty models.
+        self.models = std::mem::take(&mut work.models);
         self.commit(work)?;
+        self.models.bound();
         for (route, rollup) in &routes {
             publish_route(route, rollup);
         }
@@ -462,9 +475,8 @@ struct Work {
     evicted: HashMap<(PartitionKey, ReservationId), Reservation>,
     /// Reservations created in this step: their id goes into the index.
     created: BTreeSet<(PartitionKey, ReservationId)>,
-    digests: BTreeMap<String, RollingDigest>,
-    histograms: BTreeMap<(&'static str, String), EfficiencyHistogram>,
-    drifts: BTreeMap<String, InputDrift>,
+    /// The projector's models, lent to the step.
+    models: Models,
     /// Route roll-ups this step changed, published once it is committed.
     routes: Vec<(String, Rollup)>,
 }
@@ -482,45 +494,6 @@ impl Work {
         self.puts.insert((cf, key), value);
     }
 
-    fn digest(&mut self, db: &DB, key: String) -> Result<&mut RollingDigest, ProjectionError> {
-        if !self.digests.contains_key(&key) {
-            let stored = match get_raw(db, store::DIGESTS, &key)? {
-                None => RollingDigest::default(),
-                Some(bytes) => {
-                    RollingDigest::decode(&bytes).map_err(|reason| ProjectionError::Corrupt {
-                        cf: store::DIGESTS,
-                        key: key.clone(),
-                        reason,
-                    })?
-                }
-            };
-            self.digests.insert(key.clone(), stored);
-        }
-        Ok(self.digests.get_mut(&key).expect("just inserted"))
-    }
-
-    fn drift(&mut self, db: &DB, route: &str) -> Result<&mut InputDrift, ProjectionError> {
-        if !self.drifts.contains_key(route) {
-            let stored = get(db, store::INPUT_DRIFT, route)?.unwrap_or_default();
-            self.drifts.insert(route.to_string(), stored);
-        }
-        Ok(self.drifts.get_mut(route).expect("just inserted"))
-    }
-
-    fn histogram(
-        &mut self,
-        db: &DB,
-        cf: &'static str,
-        key: &str,
-    ) -> Result<&mut EfficiencyHistogram, ProjectionError> {
-        let slot = (cf, key.to_string());
-        if !self.histograms.contains_key(&slot) {
-            let stored = get(db, cf, key)?.unwrap_or_default();
-            self.histograms.insert(slot.clone(), stored);
-        }
-        Ok(self.histograms.get_mut(&slot).expect("just inserted"))
-    }
-
     /// Turns the touched state into puts: partitions, balances, roll-ups,
     /// reservation records, digests and histograms.
     fn finish(
@@ -528,7 +501,6 @@ impl Work {
         db: &DB,
         partitions: &mut HashMap<PartitionKey, PartitionProjection>,
     ) -> Result<(), ProjectionError> {
-        let mut rollups: BTreeMap<(&'static str, String), Rollup> = BTreeMap::new();
         for (key, old) in std::mem::take(&mut self.old_balances) {
             let pkey = store::partition_key(&key);
             // The partition's head only: its reservation records are stored
@@ -551,27 +523,17 @@ impl Work {
             if old == new {
                 continue;
             }
-            for slot in [
-                (store::TENANT_BALANCES, key.subject.clone()),
-                (store::ROUTE_BALANCES, key.route.clone()),
+            for (cf, owner) in [
+                (store::TENANT_BALANCES, &key.subject),
+                (store::ROUTE_BALANCES, &key.route),
             ] {
-                if !rollups.contains_key(&slot) {
-                    let stored = get(db, slot.0, &slot.1)?.unwrap_or_default();
-                    rollups.insert(slot.clone(), stored);
-                }
-                let rollup = rollups.get_mut(&slot).expect("just inserted");
+                let rollup = self.models.rollup(db, cf, owner)?;
                 if let Some(old) = &old {
                     rollup.fold(old, false);
                 }
                 if let Some(new) = &new {
                     rollup.fold(new, true);
                 }
-            }
-        }
-        for ((cf, key), rollup) in rollups {
-            self.put(cf, key.clone(), encode(&rollup));
-            if cf == store::ROUTE_BALANCES {
-                self.routes.push((key, rollup));
             }
         }
         let mut evicted = std::mem::take(&mut self.evicted);
@@ -615,15 +577,9 @@ impl Work {
             self.created.is_empty(),
             "a created reservation is a touched reservation"
         );
-        for (key, digest) in std::mem::take(&mut self.digests) {
-            self.put(store::DIGESTS, key, digest.encode());
-        }
-        for ((cf, key), histogram) in std::mem::take(&mut self.histograms) {
-            self.put(cf, key, encode(&histogram));
-        }
-        for (route, drift) in std::mem::take(&mut self.drifts) {
-            self.put(store::INPUT_DRIFT, route, encode(&drift));
-        }
+        let mut models = std::mem::take(&mut self.models);
+        models.write_touched(self);
+        self.models = models;
         Ok(())
     }
 }

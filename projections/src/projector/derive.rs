@@ -142,9 +142,11 @@ fn derive(
                 .partition
                 .reservation(id)
                 .expect("try_apply accepted a settle of this reservation");
-            work.histogram(db, store::EFFICIENCY_BY_ROUTE, &key.route)?
+            work.models
+                .histogram(db, store::EFFICIENCY_BY_ROUTE, &key.route)?
                 .observe(*actual_units, record.reserved_units);
-            work.histogram(db, store::EFFICIENCY_BY_TENANT, &key.subject)?
+            work.models
+                .histogram(db, store::EFFICIENCY_BY_TENANT, &key.subject)?
                 .observe(*actual_units, record.reserved_units);
             // Each further dimension under `<route or tenant>|<dimension>`
             // (`|` cannot occur in an id).
@@ -156,18 +158,21 @@ fn derive(
                     (store::EFFICIENCY_BY_TENANT, &key.subject),
                 ] {
                     let slot = store::dimension_key(owner, limit.dimension);
-                    work.histogram(db, cf, &slot)?
+                    work.models
+                        .histogram(db, cf, &slot)?
                         .observe(actual, hold.reserved_units);
                 }
             }
             let (model, sample) = output_sample(*actual_units, usage.as_ref());
             let digest_key = store::digest_key(&key.route, model, position.log_partition);
-            work.digest(db, digest_key)?.observe(sample);
+            work.models.digest(db, digest_key)?.observe(sample);
         }
         _ => {}
     }
     if let Some((counted, reported)) = input_drift_sample(&event.body) {
-        work.drift(db, &key.route)?.observe(counted, reported);
+        work.models
+            .drift(db, &key.route)?
+            .observe(counted, reported);
     }
     if let Some(id) = event.body.reservation_id() {
         if !matches!(event.body, EventBody::AdmissionRefused { .. }) {
