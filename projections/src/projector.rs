@@ -61,7 +61,7 @@ mod moves;
 
 use derive::apply_record;
 use models::Models;
-pub use models::MODELS_CACHED_MAX;
+pub use models::{DIGESTS_CACHED_MAX, MODELS_CACHED_MAX};
 
 /// How often a following projector publishes its lag (a look at the log's end
 /// costs a broker round trip on Kafka).

@@ -11,14 +11,20 @@
 //! rebuild hold the same bytes. A failed step poisons the projector, and a
 //! reopened one starts with empty models, loaded from what was committed.
 //!
-//! Each kind holds at most [`MODELS_CACHED_MAX`] models (digests are per route
-//! and reported model name, histograms per route and per tenant); past that
-//! it is emptied after the step's commit and refilled from the database.
+//! Each kind holds at most [`MODELS_CACHED_MAX`] models (histograms are per
+//! route and per tenant, roll-ups too), digests at most
+//! [`DIGESTS_CACHED_MAX`] (one is up to ~10 KB: 600 centroids; there is one
+//! per route, reported model name and log partition); past that a kind is
+//! emptied after the step's commit and refilled from the database, so the
+//! models take at most about 20 MB of the server's memory.
 
 use super::*;
 
-/// Models of one kind kept between steps at most.
+/// Histograms, drifts or roll-ups kept between steps at most (a few hundred
+/// bytes each).
 pub const MODELS_CACHED_MAX: usize = 16_384;
+/// Output-token digests kept between steps at most.
+pub const DIGESTS_CACHED_MAX: usize = 1_024;
 
 type Slot = (&'static str, String);
 
@@ -128,10 +134,10 @@ impl Models {
         }
     }
 
-    /// Empties a kind that grew past [`MODELS_CACHED_MAX`] (after a commit:
-    /// the database holds all of it).
+    /// Empties a kind that grew past its bound ([`DIGESTS_CACHED_MAX`] or
+    /// [`MODELS_CACHED_MAX`]; after a commit: the database holds all of it).
     pub(super) fn bound(&mut self) {
-        if self.digests.len() > MODELS_CACHED_MAX {
+        if self.digests.len() > DIGESTS_CACHED_MAX {
             self.digests.clear();
         }
         if self.histograms.len() > MODELS_CACHED_MAX {
@@ -143,5 +149,37 @@ impl Models {
         if self.rollups.len() > MODELS_CACHED_MAX {
             self.rollups.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_past_its_bound_is_emptied_and_one_within_it_kept() {
+        let mut models = Models::default();
+        for i in 0..DIGESTS_CACHED_MAX {
+            models
+                .digests
+                .insert(format!("d{i}"), RollingDigest::default());
+        }
+        for i in 0..=MODELS_CACHED_MAX {
+            models
+                .rollups
+                .insert(("r", format!("{i}")), Rollup::default());
+        }
+        models.bound();
+        assert_eq!(
+            models.digests.len(),
+            DIGESTS_CACHED_MAX,
+            "at the bound: kept"
+        );
+        assert!(models.rollups.is_empty(), "past it: emptied");
+        models
+            .digests
+            .insert("one more".into(), RollingDigest::default());
+        models.bound();
+        assert!(models.digests.is_empty());
     }
 }
