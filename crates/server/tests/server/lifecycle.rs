@@ -201,3 +201,36 @@ async fn settle_accepts_a_usage_breakdown() {
     assert_eq!(parts[0]["spent_units"], 2 * 1_717);
     s.stop().await;
 }
+
+/// A receipt is answered as `application/json`, on a create and on a repeat
+/// (it is written into a presized buffer, not through axum's `Json`), and the
+/// body is the whole receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_is_answered_as_json() {
+    let (s, _dir) = TestServer::embedded().await;
+    let (status, body) = s
+        .publish(&policy("tenant-j", "chat", 1, 1_000, 0), "2026-11")
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let reserve = json!({"id": "rj-1", "subject": "tenant-j", "route": "chat", "units": 40});
+    for expected in [StatusCode::CREATED, StatusCode::OK] {
+        let response = s
+            .client
+            .post(format!("{}/v1/reservations", s.base))
+            .json(&reserve)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), expected);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let receipt: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(receipt["id"], "rj-1");
+        assert_eq!(receipt["state"], "RESERVED");
+        assert_eq!(receipt["held_units"], 40);
+        assert_eq!(receipt["mode"], "enforce");
+        assert!(receipt["log_position"]["offset"].is_u64(), "{receipt}");
+    }
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["reserved_units"], 40);
+    s.stop().await;
+}

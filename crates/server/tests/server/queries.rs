@@ -498,7 +498,11 @@ async fn cycle(client: reqwest::Client, base: String, tenant: &str, i: u32) -> V
     }
     let start = json!({"operation_id": format!("op-{id}")});
     post(format!("/v1/reservations/{id}/start"), start).await;
-    let actual = if i.is_multiple_of(7) { 420 } else { 120 + u64::from(i) };
+    let actual = if i.is_multiple_of(7) {
+        420
+    } else {
+        120 + u64::from(i)
+    };
     let usage = json!({"model": "m1", "output_tokens": actual});
     let settled = post(
         format!("/v1/reservations/{id}/settle"),
