@@ -422,3 +422,48 @@ pub fn dump(db: &DB) -> Result<Vec<DumpEntry>, ProjectionError> {
     }
     Ok(out)
 }
+
+/// Where two dumps first differ, as text: each side's column family, key and
+/// value (an entry only one side has, when one is a prefix of the other), or
+/// `None` when they are equal.
+pub fn first_difference(a: &[DumpEntry], b: &[DumpEntry]) -> Option<String> {
+    let show = |entry: Option<&DumpEntry>| match entry {
+        Some((cf, key, value)) => format!(
+            "{cf} {} = {}",
+            String::from_utf8_lossy(key),
+            String::from_utf8_lossy(value)
+        ),
+        None => "(nothing)".to_string(),
+    };
+    let at = a.iter().zip(b).position(|(x, y)| x != y);
+    let at = at.or((a.len() != b.len()).then_some(a.len().min(b.len())))?;
+    Some(format!("{}\n  vs {}", show(a.get(at)), show(b.get(at))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, value: &str) -> DumpEntry {
+        (BALANCES.into(), key.into(), value.into())
+    }
+
+    #[test]
+    fn the_first_difference_names_both_sides_and_an_entry_one_side_lacks() {
+        let a = [entry("k1", "1"), entry("k2", "2")];
+        assert_eq!(first_difference(&a, &a), None);
+        let b = [entry("k1", "1"), entry("k2", "3")];
+        assert_eq!(
+            first_difference(&a, &b).unwrap(),
+            "balances k2 = 2\n  vs balances k2 = 3"
+        );
+        assert_eq!(
+            first_difference(&a, &a[..1]).unwrap(),
+            "balances k2 = 2\n  vs (nothing)"
+        );
+        assert_eq!(
+            first_difference(&a[..1], &a).unwrap(),
+            "(nothing)\n  vs balances k2 = 2"
+        );
+    }
+}

@@ -18,6 +18,8 @@
 //! emptied after the step's commit and refilled from the database, so the
 //! models take at most about 20 MB of the server's memory.
 
+use serde::de::DeserializeOwned;
+
 use super::*;
 
 /// Histograms, drifts or roll-ups kept between steps at most (a few hundred
@@ -83,14 +85,13 @@ impl Models {
         cf: &'static str,
         key: &str,
     ) -> Result<&mut EfficiencyHistogram, ProjectionError> {
-        let slot = (cf, key.to_string());
-        if !self.histograms.contains_key(&slot) {
-            let stored = get(db, cf, key)?.unwrap_or_default();
-            self.histograms.insert(slot.clone(), stored);
-        }
-        let histogram = self.histograms.get_mut(&slot).expect("just inserted");
-        self.touched_histograms.insert(slot);
-        Ok(histogram)
+        by_slot(
+            &mut self.histograms,
+            &mut self.touched_histograms,
+            db,
+            cf,
+            key,
+        )
     }
 
     /// A tenant's (`TENANT_BALANCES`) or a route's (`ROUTE_BALANCES`) roll-up.
@@ -100,14 +101,7 @@ impl Models {
         cf: &'static str,
         key: &str,
     ) -> Result<&mut Rollup, ProjectionError> {
-        let slot = (cf, key.to_string());
-        if !self.rollups.contains_key(&slot) {
-            let stored = get(db, cf, key)?.unwrap_or_default();
-            self.rollups.insert(slot.clone(), stored);
-        }
-        let rollup = self.rollups.get_mut(&slot).expect("just inserted");
-        self.touched_rollups.insert(slot);
-        Ok(rollup)
+        by_slot(&mut self.rollups, &mut self.touched_rollups, db, cf, key)
     }
 
     /// Puts every model the step touched into `work`, and the touched route
@@ -150,6 +144,25 @@ impl Models {
             self.rollups.clear();
         }
     }
+}
+
+/// The model in `cf` under `key`: the one kept in `models`, or the stored one
+/// (a default when there is none) loaded into it; marked touched either way.
+fn by_slot<'m, T: DeserializeOwned + Default>(
+    models: &'m mut HashMap<Slot, T>,
+    touched: &mut BTreeSet<Slot>,
+    db: &DB,
+    cf: &'static str,
+    key: &str,
+) -> Result<&'m mut T, ProjectionError> {
+    let slot = (cf, key.to_string());
+    if !models.contains_key(&slot) {
+        let stored = get(db, cf, key)?.unwrap_or_default();
+        models.insert(slot.clone(), stored);
+    }
+    let model = models.get_mut(&slot).expect("just inserted");
+    touched.insert(slot);
+    Ok(model)
 }
 
 #[cfg(test)]

@@ -11,25 +11,10 @@ use tokio::sync::watch;
 
 use super::support::*;
 
-fn first_difference(a: &[store::DumpEntry], b: &[store::DumpEntry]) -> Option<String> {
-    a.iter().zip(b).find(|(x, y)| x != y).map(|(x, y)| {
-        format!(
-            "{} {} = {}\n  vs {} {} = {}",
-            x.0,
-            String::from_utf8_lossy(&x.1),
-            String::from_utf8_lossy(&x.2),
-            y.0,
-            String::from_utf8_lossy(&y.1),
-            String::from_utf8_lossy(&y.2)
-        )
-    })
-}
-
 pub fn assert_same(a: &[store::DumpEntry], b: &[store::DumpEntry]) {
-    if let Some(diff) = first_difference(a, b) {
+    if let Some(diff) = store::first_difference(a, b) {
         panic!("projections differ: {diff}");
     }
-    assert_eq!(a.len(), b.len(), "projections differ in length");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -214,13 +214,7 @@ async fn a_receipt_is_answered_as_json() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let reserve = json!({"id": "rj-1", "subject": "tenant-j", "route": "chat", "units": 40});
     for expected in [StatusCode::CREATED, StatusCode::OK] {
-        let response = s
-            .client
-            .post(format!("{}/v1/reservations", s.base))
-            .json(&reserve)
-            .send()
-            .await
-            .unwrap();
+        let response = s.post_response("/v1/reservations", &reserve).await;
         assert_eq!(response.status(), expected);
         assert_eq!(response.headers()["content-type"], "application/json");
         let receipt: serde_json::Value = response.json().await.unwrap();

@@ -560,16 +560,7 @@ async fn the_served_projection_equals_a_rebuild_from_the_log() {
     assert!(events > 16 * 12 * 2, "{events} events");
     let rebuilt = dump(&db).unwrap();
     assert!(served.len() > 16 * 12, "{} rows", served.len());
-    if let Some((a, b)) = served.iter().zip(&rebuilt).find(|(a, b)| a != b) {
-        panic!(
-            "served {} {} = {}\n rebuilt {} {} = {}",
-            a.0,
-            String::from_utf8_lossy(&a.1),
-            String::from_utf8_lossy(&a.2),
-            b.0,
-            String::from_utf8_lossy(&b.1),
-            String::from_utf8_lossy(&b.2)
-        );
+    if let Some(diff) = store::first_difference(&served, &rebuilt) {
+        panic!("served vs rebuilt: {diff}");
     }
-    assert_eq!(served.len(), rebuilt.len());
 }

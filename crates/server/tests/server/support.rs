@@ -194,14 +194,17 @@ impl TestServer {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        let r = self
-            .client
+        split(self.post_response(path, &body).await).await
+    }
+
+    /// The whole answer to a JSON POST, headers included.
+    pub async fn post_response(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
             .post(format!("{}{path}", self.base))
-            .json(&body)
+            .json(body)
             .send()
             .await
-            .unwrap();
-        split(r).await
+            .unwrap()
     }
 
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
