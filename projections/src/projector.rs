@@ -577,9 +577,7 @@ impl Work {
             self.created.is_empty(),
             "a created reservation is a touched reservation"
         );
-        let mut models = std::mem::take(&mut self.models);
-        models.write_touched(self);
-        self.models = models;
+        self.models.write_touched(&mut self.puts, &mut self.routes);
         Ok(())
     }
 }

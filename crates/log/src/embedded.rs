@@ -108,8 +108,9 @@ enum Request {
         /// The encoded values, back to back; `ends[i]` is where value `i` ends.
         bytes: Vec<u8>,
         ends: Vec<usize>,
-        /// The records encoded, for the [`Tail`]; empty if not kept.
-        records: Vec<Record>,
+        /// The records encoded, for the [`Tail`]; `None` for a batch too
+        /// large to keep there.
+        records: Option<Vec<Record>>,
         reply: oneshot::Sender<Result<u64, LogError>>,
     },
     Claim {
@@ -540,13 +541,13 @@ fn keep_in_tail(
     let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
     for (request, outcome) in group.iter_mut().zip(outcomes) {
         match (request, outcome) {
-            (Request::Append { records, ends, .. }, Ok((first, _))) => {
-                if records.len() != ends.len() {
+            (Request::Append { records, .. }, Ok((first, _))) => {
+                let Some(records) = records.take() else {
                     // Not kept (a large batch): the tail cannot go on past it.
                     tail.clear(&mut dropped);
                     continue;
-                }
-                for (offset, record) in (*first..).zip(records.drain(..)) {
+                };
+                for (offset, record) in (*first..).zip(records) {
                     tail.push(offset, LogEntry::Record(record), &mut dropped);
                 }
             }
@@ -645,13 +646,13 @@ impl EmbeddedLog {
         // A small batch goes to the tail, for the first reader. Freeing a
         // large one costs about as much as encoding it: do it on the blocking
         // pool, alongside the fsync, not before or after it.
-        let records = match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if batch.len() >= FREE_ASIDE_RECORDS_MIN => {
+        let records = if batch.len() < FREE_ASIDE_RECORDS_MIN {
+            Some(batch)
+        } else {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn_blocking(move || drop(batch));
-                Vec::new()
             }
-            _ if batch.len() >= FREE_ASIDE_RECORDS_MIN => Vec::new(),
-            _ => batch,
+            None
         };
         let (reply, answer) = oneshot::channel();
         let later = self.try_queue(Request::Append {
@@ -692,8 +693,8 @@ impl EventReader for EmbeddedLog {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take(from_offset, until, &mut dropped);
-        drop(dropped);
-        // What the tail did not hold comes from the disk.
+        drop(dropped); // freed outside the lock, which the writer thread takes too
+                       // What the tail did not hold comes from the disk.
         let next = entries.last().map_or(from_offset, |(p, _)| p.offset + 1);
         if next < until {
             entries.extend(read_range(&self.db, next, until, |e| storage("read", e))?);

@@ -5,8 +5,9 @@
 //! The projector is the only writer of its database, so what it wrote last is
 //! what it holds here, and a step reads a model from the database only the
 //! first time it touches it. Reading and decoding each touched model again
-//! every step cost the server about 10,000 instructions per request of the
-//! benchmark's cycle, a sixth of the projector (bench-results/request-cost.md).
+//! every step cost the server about 12,500 instructions per request of the
+//! benchmark's cycle (callgrind: `apply_record` and `Work::finish` together,
+//! 46.8k before, 34.3k after; bench-results/request-cost.md).
 //! A step writes every model it touched, as before, so the database and a
 //! rebuild hold the same bytes. A failed step poisons the projector, and a
 //! reopened one starts with empty models, loaded from what was committed.
@@ -19,6 +20,7 @@
 //! models take at most about 20 MB of the server's memory.
 
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::*;
 
@@ -28,18 +30,19 @@ pub const MODELS_CACHED_MAX: usize = 16_384;
 /// Output-token digests kept between steps at most.
 pub const DIGESTS_CACHED_MAX: usize = 1_024;
 
+/// A model's column family and key: where it is stored, and its put.
 type Slot = (&'static str, String);
 
 #[derive(Default)]
 pub(super) struct Models {
-    digests: HashMap<String, RollingDigest>,
+    digests: HashMap<Slot, RollingDigest>,
     histograms: HashMap<Slot, EfficiencyHistogram>,
-    drifts: HashMap<String, InputDrift>,
+    drifts: HashMap<Slot, InputDrift>,
     rollups: HashMap<Slot, Rollup>,
     /// What the step in progress changed (written by `write_touched`).
-    touched_digests: BTreeSet<String>,
+    touched_digests: BTreeSet<Slot>,
     touched_histograms: BTreeSet<Slot>,
-    touched_drifts: BTreeSet<String>,
+    touched_drifts: BTreeSet<Slot>,
     touched_rollups: BTreeSet<Slot>,
 }
 
@@ -49,21 +52,17 @@ impl Models {
         db: &DB,
         key: String,
     ) -> Result<&mut RollingDigest, ProjectionError> {
-        if !self.digests.contains_key(&key) {
-            let stored = match get_raw(db, store::DIGESTS, &key)? {
-                None => RollingDigest::default(),
-                Some(bytes) => {
-                    RollingDigest::decode(&bytes).map_err(|reason| ProjectionError::Corrupt {
-                        cf: store::DIGESTS,
-                        key: key.clone(),
-                        reason,
-                    })?
-                }
+        let slot = (store::DIGESTS, key);
+        by_slot(&mut self.digests, &mut self.touched_digests, slot, |key| {
+            let Some(bytes) = get_raw(db, store::DIGESTS, key)? else {
+                return Ok(RollingDigest::default());
             };
-            self.digests.insert(key.clone(), stored);
-        }
-        self.touched_digests.insert(key.clone());
-        Ok(self.digests.get_mut(&key).expect("just inserted"))
+            RollingDigest::decode(&bytes).map_err(|reason| ProjectionError::Corrupt {
+                cf: store::DIGESTS,
+                key: key.to_string(),
+                reason,
+            })
+        })
     }
 
     pub(super) fn drift(
@@ -71,12 +70,13 @@ impl Models {
         db: &DB,
         route: &str,
     ) -> Result<&mut InputDrift, ProjectionError> {
-        if !self.drifts.contains_key(route) {
-            let stored = get(db, store::INPUT_DRIFT, route)?.unwrap_or_default();
-            self.drifts.insert(route.to_string(), stored);
-        }
-        self.touched_drifts.insert(route.to_string());
-        Ok(self.drifts.get_mut(route).expect("just inserted"))
+        let slot = (store::INPUT_DRIFT, route.to_string());
+        by_slot(
+            &mut self.drifts,
+            &mut self.touched_drifts,
+            slot,
+            stored(db, store::INPUT_DRIFT),
+        )
     }
 
     pub(super) fn histogram(
@@ -85,12 +85,12 @@ impl Models {
         cf: &'static str,
         key: &str,
     ) -> Result<&mut EfficiencyHistogram, ProjectionError> {
+        let slot = (cf, key.to_string());
         by_slot(
             &mut self.histograms,
             &mut self.touched_histograms,
-            db,
-            cf,
-            key,
+            slot,
+            stored(db, cf),
         )
     }
 
@@ -101,31 +101,35 @@ impl Models {
         cf: &'static str,
         key: &str,
     ) -> Result<&mut Rollup, ProjectionError> {
-        by_slot(&mut self.rollups, &mut self.touched_rollups, db, cf, key)
+        let slot = (cf, key.to_string());
+        by_slot(
+            &mut self.rollups,
+            &mut self.touched_rollups,
+            slot,
+            stored(db, cf),
+        )
     }
 
-    /// Puts every model the step touched into `work`, and the touched route
-    /// roll-ups into `work.routes` (published once committed).
-    pub(super) fn write_touched(&mut self, work: &mut Work) {
-        for (cf, key) in std::mem::take(&mut self.touched_rollups) {
-            let rollup = &self.rollups[&(cf, key.clone())];
-            work.put(cf, key.clone(), encode(rollup));
-            if cf == store::ROUTE_BALANCES {
-                work.routes.push((key, rollup.clone()));
+    /// Puts every model the step touched, and the touched route roll-ups
+    /// into `routes` (published once committed).
+    pub(super) fn write_touched(
+        &mut self,
+        puts: &mut BTreeMap<Slot, Vec<u8>>,
+        routes: &mut Vec<(String, Rollup)>,
+    ) {
+        for slot in std::mem::take(&mut self.touched_rollups) {
+            let rollup = &self.rollups[&slot];
+            if slot.0 == store::ROUTE_BALANCES {
+                routes.push((slot.1.clone(), rollup.clone()));
             }
+            puts.insert(slot, encode(rollup));
         }
-        for key in std::mem::take(&mut self.touched_digests) {
-            let encoded = self.digests[&key].encode();
-            work.put(store::DIGESTS, key, encoded);
+        for slot in std::mem::take(&mut self.touched_digests) {
+            let encoded = self.digests[&slot].encode();
+            puts.insert(slot, encoded);
         }
-        for (cf, key) in std::mem::take(&mut self.touched_histograms) {
-            let encoded = encode(&self.histograms[&(cf, key.clone())]);
-            work.put(cf, key, encoded);
-        }
-        for route in std::mem::take(&mut self.touched_drifts) {
-            let encoded = encode(&self.drifts[&route]);
-            work.put(store::INPUT_DRIFT, route, encoded);
-        }
+        put_each(&self.histograms, &mut self.touched_histograms, puts);
+        put_each(&self.drifts, &mut self.touched_drifts, puts);
     }
 
     /// Empties a kind that grew past its bound ([`DIGESTS_CACHED_MAX`] or
@@ -146,23 +150,41 @@ impl Models {
     }
 }
 
-/// The model in `cf` under `key`: the one kept in `models`, or the stored one
-/// (a default when there is none) loaded into it; marked touched either way.
-fn by_slot<'m, T: DeserializeOwned + Default>(
+/// The model at `slot`: the one kept in `models`, or the one `load` reads
+/// for its key, kept from then on; marked touched either way.
+fn by_slot<'m, T>(
     models: &'m mut HashMap<Slot, T>,
     touched: &mut BTreeSet<Slot>,
-    db: &DB,
-    cf: &'static str,
-    key: &str,
+    slot: Slot,
+    load: impl FnOnce(&str) -> Result<T, ProjectionError>,
 ) -> Result<&'m mut T, ProjectionError> {
-    let slot = (cf, key.to_string());
     if !models.contains_key(&slot) {
-        let stored = get(db, cf, key)?.unwrap_or_default();
+        let stored = load(&slot.1)?;
         models.insert(slot.clone(), stored);
     }
     let model = models.get_mut(&slot).expect("just inserted");
     touched.insert(slot);
     Ok(model)
+}
+
+/// Loads a JSON model from `cf`, a default when none is stored.
+fn stored<'d, T: DeserializeOwned + Default>(
+    db: &'d DB,
+    cf: &'static str,
+) -> impl FnOnce(&str) -> Result<T, ProjectionError> + 'd {
+    move |key| Ok(get(db, cf, key)?.unwrap_or_default())
+}
+
+/// Puts each touched model of one kind as JSON.
+fn put_each<T: Serialize>(
+    models: &HashMap<Slot, T>,
+    touched: &mut BTreeSet<Slot>,
+    puts: &mut BTreeMap<Slot, Vec<u8>>,
+) {
+    for slot in std::mem::take(touched) {
+        let encoded = encode(&models[&slot]);
+        puts.insert(slot, encoded);
+    }
 }
 
 #[cfg(test)]
@@ -175,7 +197,7 @@ mod tests {
         for i in 0..DIGESTS_CACHED_MAX {
             models
                 .digests
-                .insert(format!("d{i}"), RollingDigest::default());
+                .insert((store::DIGESTS, format!("d{i}")), RollingDigest::default());
         }
         for i in 0..=MODELS_CACHED_MAX {
             models
@@ -189,9 +211,10 @@ mod tests {
             "at the bound: kept"
         );
         assert!(models.rollups.is_empty(), "past it: emptied");
-        models
-            .digests
-            .insert("one more".into(), RollingDigest::default());
+        models.digests.insert(
+            (store::DIGESTS, "one more".into()),
+            RollingDigest::default(),
+        );
         models.bound();
         assert!(models.digests.is_empty());
     }

@@ -15,6 +15,7 @@ pub fn assert_same(a: &[store::DumpEntry], b: &[store::DumpEntry]) {
     if let Some(diff) = store::first_difference(a, b) {
         panic!("projections differ: {diff}");
     }
+    assert_eq!(a.len(), b.len(), "projections differ in length");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,18 +117,25 @@ mod tests {
         })
     }
 
+    /// A tail holding `offsets`, each with its own entry.
+    fn holding(offsets: std::ops::Range<u64>) -> Tail {
+        let mut tail = Tail::default();
+        let mut dropped = Vec::new();
+        for offset in offsets {
+            tail.push(offset, entry(offset), &mut dropped);
+        }
+        assert!(dropped.is_empty(), "contiguous and within the bound");
+        tail
+    }
+
     fn offsets(taken: &[(Position, LogEntry)]) -> Vec<u64> {
         taken.iter().map(|(p, _)| p.offset).collect()
     }
 
     #[test]
     fn a_read_takes_what_it_asks_for_once_and_skips_what_it_is_past() {
-        let mut tail = Tail::default();
+        let mut tail = holding(10..20);
         let mut dropped = Vec::new();
-        for offset in 10..20 {
-            tail.push(offset, entry(offset), &mut dropped);
-        }
-        assert!(dropped.is_empty());
         let taken = tail.take(10, 13, &mut dropped);
         assert_eq!(offsets(&taken), [10, 11, 12]);
         assert_eq!(taken[1].1, entry(11), "each offset's own entry");
@@ -145,11 +152,8 @@ mod tests {
 
     #[test]
     fn a_read_before_the_tail_takes_nothing_and_keeps_it() {
-        let mut tail = Tail::default();
+        let mut tail = holding(10..12);
         let mut dropped = Vec::new();
-        for offset in 10..12 {
-            tail.push(offset, entry(offset), &mut dropped);
-        }
         assert!(tail.take(5, 11, &mut dropped).is_empty());
         assert_eq!(tail.offsets(), [10, 11]);
     }

@@ -563,4 +563,5 @@ async fn the_served_projection_equals_a_rebuild_from_the_log() {
     if let Some(diff) = store::first_difference(&served, &rebuilt) {
         panic!("served vs rebuilt: {diff}");
     }
+    assert_eq!(served.len(), rebuilt.len());
 }
