@@ -167,6 +167,15 @@ pub struct ReconcileOutcome {
     pub created: bool,
 }
 
+/// Where a reconcile stands ([`ShardBook::begin_reconcile`]).
+#[derive(Debug)]
+pub enum Reconcile {
+    /// Recorded before: the ledger's answer.
+    Done(ReconcileOutcome),
+    /// The body to send (the same on every call until an answer is noted).
+    Send(serde_json::Value),
+}
+
 #[derive(Debug)]
 enum Phase {
     Active,
@@ -388,26 +397,9 @@ impl ShardBook {
         base_url: &str,
         shard_id: &str,
     ) -> Result<ReconcileOutcome, ReconcileError> {
-        let body = {
-            let mut state = self.state.lock().expect("shard book lock");
-            Self::retire_expired(&mut state, (self.now_ms)());
-            let entry = state
-                .shards
-                .get_mut(shard_id)
-                .ok_or_else(|| ReconcileError::UnknownShard(shard_id.to_string()))?;
-            if let Phase::Reconciled(outcome) = &entry.phase {
-                return Ok(outcome.clone());
-            }
-            if !entry.open.is_empty() {
-                return Err(ReconcileError::OpenReservations(entry.open.len()));
-            }
-            entry.phase = Phase::Reconciling;
-            serde_json::json!({
-                "shard": entry.document,
-                "gateway_id": self.gateway_id,
-                "gateway_boot_epoch": self.boot_epoch,
-                "receipts": entry.receipts,
-            })
+        let body = match self.begin_reconcile(shard_id)? {
+            Reconcile::Done(outcome) => return Ok(outcome),
+            Reconcile::Send(body) => body,
         };
         let url = format!(
             "{}/v1/shards/{shard_id}/reconcile",
@@ -419,12 +411,45 @@ impl ShardBook {
                 status,
                 body: format!("unreadable answer: {e}"),
             })?;
+        self.note_reconciled(shard_id, outcome.clone());
+        Ok(outcome)
+    }
+
+    /// The first half of [`ShardBook::reconcile`], for a transport of one's
+    /// own (the simulator sends it to the writers without HTTP): closes the
+    /// shard for admission (its expired units retired first) and gives the
+    /// body of `POST /v1/shards/{id}/reconcile`, the same on every call
+    /// until [`ShardBook::note_reconciled`]; after it, the recorded outcome.
+    pub fn begin_reconcile(&self, shard_id: &str) -> Result<Reconcile, ReconcileError> {
+        let mut state = self.state.lock().expect("shard book lock");
+        Self::retire_expired(&mut state, (self.now_ms)());
+        let entry = state
+            .shards
+            .get_mut(shard_id)
+            .ok_or_else(|| ReconcileError::UnknownShard(shard_id.to_string()))?;
+        if let Phase::Reconciled(outcome) = &entry.phase {
+            return Ok(Reconcile::Done(outcome.clone()));
+        }
+        if !entry.open.is_empty() {
+            return Err(ReconcileError::OpenReservations(entry.open.len()));
+        }
+        entry.phase = Phase::Reconciling;
+        Ok(Reconcile::Send(serde_json::json!({
+            "shard": entry.document,
+            "gateway_id": self.gateway_id,
+            "gateway_boot_epoch": self.boot_epoch,
+            "receipts": entry.receipts,
+        })))
+    }
+
+    /// The second half: the ledger's answer to the body
+    /// [`ShardBook::begin_reconcile`] gave, kept for later calls.
+    pub fn note_reconciled(&self, shard_id: &str, outcome: ReconcileOutcome) {
         let mut state = self.state.lock().expect("shard book lock");
         state.failures = 0;
         if let Some(entry) = state.shards.get_mut(shard_id) {
-            entry.phase = Phase::Reconciled(outcome.clone());
+            entry.phase = Phase::Reconciled(outcome);
         }
-        Ok(outcome)
     }
 
     /// Units a request holds locally: its own units, or counted input plus
@@ -631,5 +656,59 @@ mod tests {
         assert!(book
             .reserve(&ReservationId::new("d").unwrap(), &unbounded, None)
             .is_none());
+    }
+
+    /// The two halves of a reconcile: the body is fixed at the first begin
+    /// (a retry sends the same receipts), the shard admits nothing from
+    /// then on, and once the answer is noted a begin answers it.
+    #[test]
+    fn a_begun_reconcile_sends_the_same_body_and_admits_nothing() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let book = ShardBook::new("gw", 1, &hex::encode(key.verifying_key().to_bytes()))
+            .unwrap()
+            .with_clock(Arc::new(|| 1_500));
+        book.install(signed(&key, 100)).unwrap();
+        let request = ReserveRequest::units("t", "r", 30);
+        let a = book
+            .reserve(&ReservationId::new("a").unwrap(), &request, None)
+            .unwrap();
+        assert!(matches!(
+            book.begin_reconcile("sh-1"),
+            Err(ReconcileError::OpenReservations(1))
+        ));
+        a.settle(&Settlement {
+            actual_units: 10,
+            operation_id: None,
+            usage: None,
+        });
+        let Ok(Reconcile::Send(first)) = book.begin_reconcile("sh-1") else {
+            panic!("a body to send");
+        };
+        assert_eq!(first["receipts"][0]["used_units"], 10);
+        assert_eq!(first["gateway_boot_epoch"], 1);
+        assert!(book
+            .reserve(&ReservationId::new("b").unwrap(), &request, None)
+            .is_none());
+        let Ok(Reconcile::Send(again)) = book.begin_reconcile("sh-1") else {
+            panic!("the same body again");
+        };
+        assert_eq!(first, again);
+        let outcome = ReconcileOutcome {
+            shard_id: "sh-1".into(),
+            outcome: "reminted".into(),
+            issued_units: 100,
+            spent_units: 10,
+            unknown_units: 0,
+            reminted_units: 90,
+            retired_units: 10,
+            excess_units: 0,
+            created: true,
+        };
+        book.note_reconciled("sh-1", outcome.clone());
+        assert!(matches!(book.begin_reconcile("sh-1"), Ok(Reconcile::Done(o)) if o == outcome));
+        assert!(matches!(
+            book.begin_reconcile("sh-2"),
+            Err(ReconcileError::UnknownShard(_))
+        ));
     }
 }

@@ -65,10 +65,24 @@ pub enum Gate {
     /// The run panicked outside a writer task (an assertion of core's on
     /// the mirror, or of the simulator's own); the seed replays it.
     Panicked,
+    /// A gateway's shard book does not balance
+    /// (`allocated = available + reserved + spent + retired`), or differs
+    /// from what its open calls hold.
+    ShardBooks,
+    /// A shard consumed (spent, unknown or held) more than its allocation
+    /// across the books that held it, or was installed by a second gateway
+    /// or by its gateway's next process.
+    ShardDoubleSpent,
+    /// One shard reminted twice (into two partitions of its subject/route).
+    DuplicateRemint,
+    /// A reconcile reminted more than the shard's calls left unused (an
+    /// unknown call's hold counted as unused), did not record use beyond
+    /// the allocation as debt, or a stale process's reconcile was taken.
+    RemintUnbacked,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 17] = [
+    pub const ALL: [Gate; 21] = [
         Gate::Conservation,
         Gate::MovePairs,
         Gate::AvailableNegative,
@@ -86,6 +100,10 @@ impl Gate {
         Gate::WriterBroke,
         Gate::UnexpectedAnswer,
         Gate::Panicked,
+        Gate::ShardBooks,
+        Gate::ShardDoubleSpent,
+        Gate::DuplicateRemint,
+        Gate::RemintUnbacked,
     ];
 
     pub fn name(self) -> &'static str {
@@ -107,6 +125,10 @@ impl Gate {
             Gate::WriterBroke => "writer_broke",
             Gate::UnexpectedAnswer => "unexpected_answer",
             Gate::Panicked => "panicked",
+            Gate::ShardBooks => "shard_books",
+            Gate::ShardDoubleSpent => "shard_double_spent",
+            Gate::DuplicateRemint => "duplicate_remint",
+            Gate::RemintUnbacked => "remint_unbacked",
         }
     }
 }

@@ -33,7 +33,18 @@
 //!   holds the result to the replay of the whole log.
 //! - A network that loses replies, and delivers some requests twice: an
 //!   impatient duplicate while the first is in flight, or a copy 1–40
-//!   rounds late, answered by then from the on-disk idempotency index.
+//!   rounds late, answered by then from the on-disk idempotency index; and
+//!   partitions a gateway from the ledger for 2–8 rounds (it sends nothing,
+//!   hears nothing; its calls wait and retry).
+//! - Emergency shards of `embed` ([`run`]'s `shards`): issued to a gateway
+//!   (the server's own body translation, signed with a fixed key), held in
+//!   the client crate's real `ShardBook`, spent by local calls while the
+//!   gateway is cut off (settled below and above the hold, released, usage
+//!   unknown), reconciled once it is back (a lost answer retried with the
+//!   same receipts, now and then sent twice, late past the grace), offered
+//!   to a second gateway (refused), lost with a gateway restart (refused to
+//!   the new process's book, its reconcile under the new boot epoch refused
+//!   by the ledger).
 //! - Ledger faults: failed appends, an append written but its answer lost
 //!   (in doubt: the node re-claims the log and rebuilds), a fatal append (the
 //!   node restarts), a crash with batches in flight (appends held, the writer
@@ -73,12 +84,11 @@
 //! holds a reservation it does not know of until its lease expires.
 //!
 //! ## What is not simulated yet
-//! HTTP between gateway and ledger, and a network partition of a gateway
-//! (lost replies, duplicates and late copies are the network faults); the real
-//! client crate (`crates/client`: its retry loop, streaming guard, fair
-//! scheduler) — the gateways here are the simulator's own; emergency shards
-//! (issue, use during a partition, reuse, replay after restart, reconcile,
-//! remint: the server has no shard commands yet); several nodes and Kafka
+//! HTTP between gateway and ledger (bodies go through the server's
+//! translations, not a socket); the real client crate's request loop
+//! (`crates/client`: its retry loop, streaming guard, fair scheduler) — the
+//! gateways' calls here are the simulator's own, only the shard book is the
+//! client's; shards of a multi-dimension route (`chat`); several nodes and Kafka
 //! ownership (beyond the one zombie above); the projector and replay;
 //! stream-cancel; a gate for "UNKNOWN never counted as unused" beyond core's
 //! state machine (which has no edge from a started call to a refund). The
@@ -135,6 +145,10 @@
 //!   loses the ids held by closed generations, so a reserve retried or
 //!   delivered late for one of them is decided anew in the active
 //!   generation: a second debit for one id.
+//! - `shard-after-restart`: what the gateway *keeps*: a restarted gateway
+//!   comes back under its old boot epoch and installs its shards again
+//!   without their receipts, so a shard is spent twice (or reconciled with
+//!   the second process's receipts only).
 
 /// The allocator of everything that links this crate: the `reservoir-sim`
 /// binary and the test binary (the CI run is the simulator's largest user).

@@ -33,9 +33,11 @@ mod checking;
 mod faults;
 mod gateway;
 mod operator;
+mod shards;
 
 use gateway::{Call, Phase};
 use operator::Line;
+use shards::{Gateway, LocalCall, ShardPhase, SimShard};
 
 /// A bug the simulator plants on purpose, to show that the checker fails.
 /// All live in the simulator, at the boundaries it owns (see the crate docs).
@@ -54,14 +56,19 @@ pub enum Plant {
     /// generations (what the writer *reads*): a reserve retried there is
     /// decided anew in the active generation, a second debit.
     IndexForgets,
+    /// A restarted gateway keeps its predecessor's boot epoch and installs
+    /// its shards again, without their receipts (what the gateway *keeps*):
+    /// a shard usable after a restart, spent twice.
+    ShardAfterRestart,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 4] = [
+    pub const ALL: [Plant; 5] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
         Plant::IndexForgets,
+        Plant::ShardAfterRestart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +77,7 @@ impl Plant {
             Plant::DebtNotCarried => "debt-not-carried",
             Plant::LostWrite => "lost-write",
             Plant::IndexForgets => "index-forgets",
+            Plant::ShardAfterRestart => "shard-after-restart",
         }
     }
 
@@ -227,6 +235,10 @@ enum Origin {
     Late(usize, Phase),
     /// One shard's part of a snapshot being taken.
     Snapshot(usize),
+    /// An emergency shard's issue or reconcile, sent in the phase named.
+    Shard(usize, ShardPhase),
+    /// A restarted gateway presenting its predecessor's shard.
+    ShardProbe(usize),
 }
 
 struct World {
@@ -263,6 +275,15 @@ struct World {
     /// the node's index, which the checker would otherwise fill in behind
     /// the node's back (a record the writer failed to keep would reappear).
     checker_index: RetiredIndex,
+    /// Emergency shards (see `shards`): each gateway's book, the shards,
+    /// the calls admitted from them, the probes a restart left.
+    gateways: Vec<Gateway>,
+    shards: Vec<SimShard>,
+    shard_index: BTreeMap<String, usize>,
+    local_calls: Vec<LocalCall>,
+    probes: Vec<(usize, usize, Request)>,
+    signer: Arc<reservoir_server::shards::ShardSigner>,
+    public_key: String,
     _dir: tempfile::TempDir,
 }
 
@@ -281,6 +302,11 @@ impl World {
             config.plant == Some(Plant::LostWrite),
         ));
         let clock = reservoir_server::clock::ManualClock::new(workload::START_MS);
+        let signer = shards::signer(dir.path())?;
+        let public_key = signer.public_key_hex();
+        let gateways = (0..GATEWAYS)
+            .map(|g| Gateway::new(g, 1, &public_key, &clock))
+            .collect();
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
         let lines = TENANTS
             .iter()
@@ -322,6 +348,13 @@ impl World {
             start_ms: workload::START_MS,
             steps: config.steps,
             checker_index,
+            gateways,
+            shards: Vec::new(),
+            shard_index: BTreeMap::new(),
+            local_calls: Vec::new(),
+            probes: Vec::new(),
+            signer,
+            public_key,
             _dir: dir,
         };
         world.note(format!(
@@ -390,6 +423,7 @@ impl World {
             .filter(|c| c.unknown_since.is_some())
             .count()
             + self.lines.iter().filter(|l| l.pending.is_some()).count()
+            + self.shards_unresolved()
     }
 
     /// One step (see the module docs): the clock moves, the sweeper may
@@ -411,6 +445,7 @@ impl World {
             }
             false => Vec::new(),
         };
+        self.shard_round(quiet);
         let fault = self.arm_fault(quiet);
         self.note(format!(
             "r{round} +{dt}ms t={} fault: {}",
@@ -491,6 +526,7 @@ impl World {
             if let Some(operator) = self.operator_request(quiet) {
                 requests.push(operator);
             }
+            requests.extend(self.shard_requests());
             if !quiet && self.taking.is_none() && self.rng.chance(50) {
                 // As the snapshotter: the cut first, then every shard's state
                 // (each between two batches, racing this round's traffic).
@@ -561,7 +597,13 @@ impl World {
 
     fn deliver(&mut self, origin: Origin, reply: Reply, lost: bool) {
         match origin {
-            Origin::Call(c, phase) => self.deliver_to_call(c, phase, reply, lost),
+            Origin::Call(c, phase) => {
+                // A gateway cut off from the ledger hears nothing.
+                let cut_off = self.gateways[self.calls[c].gateway].cut_off > 0;
+                self.deliver_to_call(c, phase, reply, lost || cut_off)
+            }
+            Origin::Shard(s, phase) => self.deliver_to_shard(s, phase, reply, lost),
+            Origin::ShardProbe(s) => self.deliver_probe(s, reply),
             Origin::Operator(i) => self.deliver_to_operator(i, reply, lost),
             Origin::Sweeper(what) => {
                 let outcome = outcome_of(&reply);
@@ -684,6 +726,22 @@ fn outcome_of(reply: &Reply) -> String {
             )
         }
         Ok(Answer::Done) => "done".to_string(),
+        Ok(Answer::Shard { document, created }) => format!(
+            "shard of {} units from {}, expires at {}{}",
+            document.units,
+            document.source,
+            document.expires_at_ms,
+            if *created { " (created)" } else { "" }
+        ),
+        Ok(Answer::Reconciled(o)) => format!(
+            "reconciled into {}: reminted {}, spent {}, unknown {}, excess {}{}",
+            o.target,
+            o.record.units,
+            o.record.spent_units,
+            o.record.unknown_units,
+            o.record.excess_units,
+            if o.created { " (created)" } else { "" }
+        ),
         Ok(other) => format!("{other:?}"),
         Err(Failure::Rejected { rejection, .. }) => format!("rejected: {rejection}"),
         Err(Failure::Unavailable(why)) => format!("unavailable: {why}"),

@@ -2,7 +2,7 @@
 //! each of them has, and the policies an operator publishes for them.
 
 use reservoir_core::{
-    CapacityUnit, Dimension, DimensionLimit, EpochLength, Policy, RefillRule, Units,
+    CapacityUnit, Dimension, DimensionLimit, EmergencyMode, EpochLength, Policy, RefillRule, Units,
 };
 
 /// A tenant and its weight: every limit of its policies is the base limit
@@ -36,7 +36,8 @@ pub enum Route {
     /// accounting epoch, and generations published and rolled back by the
     /// operator while reservations are in flight.
     Chat,
-    /// One dimension (tokens) whose accounting epochs roll every hour.
+    /// One dimension (tokens) whose accounting epochs roll every hour, with
+    /// emergency shards.
     Embed,
 }
 
@@ -126,6 +127,8 @@ pub fn policy(tenant: Tenant, route: Route, generation: u64, variant: u64) -> Po
             p.max_reservation_units = 2_000;
             p.max_overdraft_units = 3_000 * w;
             p.epoch_length = EpochLength::Hourly;
+            // Gateways carry emergency shards of it (see `run::shards`).
+            p.emergency_mode = EmergencyMode::Enabled;
         }
     }
     p

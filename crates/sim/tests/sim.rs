@@ -86,6 +86,14 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         // from the log, as an acknowledged step the ledger lost.
         Plant::LostWrite => &[Gate::LogDisagrees, Gate::ModelDisagrees],
         Plant::IndexForgets => &[Gate::SecondDebit],
+        // Spent past its allocation by the two processes' books, or
+        // reconciled with the second book's receipts only (the ledger
+        // records less use than the calls made, and remints it).
+        Plant::ShardAfterRestart => &[
+            Gate::ShardDoubleSpent,
+            Gate::ModelDisagrees,
+            Gate::RemintUnbacked,
+        ],
     }
 }
 

@@ -17,11 +17,13 @@ use utoipa::OpenApi;
 
 use super::bodies::*;
 use super::signing::BadSignature;
+use super::ShardSigner;
 use super::MAX_SHARD_TTL_MS;
 use crate::api::{ApiJson, AppState};
 use crate::problem::{ApiError, Problem};
 use crate::writer::shards::{IssueShard, ReconcileShard};
 use crate::writer::{Answer, Request};
+use std::sync::Arc;
 
 /// Issue and reconcile: a gateway of the shard's subject, or an operator;
 /// listing: anyone who reads the subject; the public key: everyone.
@@ -67,6 +69,84 @@ fn random_shard_id() -> Result<ShardId, ApiError> {
     Ok(ShardId::new(format!("sh-{}", hex::encode(bytes))).expect("hex is a valid id"))
 }
 
+/// `POST /v1/shards`'s body checked and turned into the writer's request
+/// (the caller checks the principal). Public for the simulator, which sends
+/// the same bodies to the writers without HTTP.
+pub fn issue_request(
+    body: IssueShardBody,
+    signer: Arc<ShardSigner>,
+) -> Result<IssueShard, ApiError> {
+    PartitionKey::new(body.subject.clone(), body.route.clone(), "e", 0)
+        .map_err(|e| invalid("invalid_input", e.to_string()))?;
+    reservoir_core::validate_id("gateway id", &body.gateway_id)
+        .map_err(|e| invalid("invalid_input", e.to_string()))?;
+    boot_epoch_fits(body.gateway_boot_epoch)?;
+    if !(1..=MAX_SHARD_TTL_MS).contains(&body.ttl_ms) {
+        return Err(invalid(
+            "invalid_input",
+            format!("ttl_ms must be 1..={MAX_SHARD_TTL_MS}"),
+        ));
+    }
+    let shard_id = match &body.shard_id {
+        Some(id) => ShardId::new(id.clone()).map_err(|e| invalid("invalid_id", e.to_string()))?,
+        None => random_shard_id()?,
+    };
+    Ok(IssueShard {
+        subject: body.subject,
+        route: body.route,
+        shard_id,
+        units: body.units,
+        gateway_id: body.gateway_id,
+        boot_epoch: body.gateway_boot_epoch,
+        ttl_ms: body.ttl_ms,
+        signer,
+    })
+}
+
+/// `POST /v1/shards/{path_id}/reconcile`'s body checked (the document's
+/// signature verified, the receipts summed) and turned into the writer's
+/// request (the caller checks the principal). Public for the simulator.
+pub fn reconcile_request(
+    path_id: &str,
+    body: ReconcileBody,
+    signer: &ShardSigner,
+    grace_ms: u64,
+) -> Result<ReconcileShard, ApiError> {
+    let presented = body.shard.to_document()?;
+    if presented.shard_id.as_str() != path_id {
+        return Err(invalid(
+            "shard_id_mismatch",
+            "the path names another shard than the body",
+        ));
+    }
+    match signer.verify(&presented) {
+        Ok(()) => {}
+        Err(BadSignature::Malformed) => {
+            return Err(invalid(
+                "shard_signature_invalid",
+                "the signature is not ed25519:<128 hex digits>",
+            ))
+        }
+        Err(BadSignature::Mismatch) => {
+            return Err(invalid(
+                "shard_signature_invalid",
+                "the signature does not verify: the shard was altered or not issued by this ledger",
+            ))
+        }
+    }
+    reservoir_core::validate_id("gateway id", &body.gateway_id)
+        .map_err(|e| invalid("invalid_input", e.to_string()))?;
+    boot_epoch_fits(body.gateway_boot_epoch)?;
+    let totals = totals(&body.receipts)?;
+    Ok(ReconcileShard {
+        presented,
+        gateway_id: body.gateway_id,
+        boot_epoch: body.gateway_boot_epoch,
+        totals,
+        grace_ms,
+    })
+}
+
 #[utoipa::path(post, path = "/v1/shards", request_body = IssueShardBody,
     responses(
         (status = 201, description = "Issued", body = ShardDocumentView),
@@ -87,32 +167,8 @@ pub async fn issue(
     principal.require_subject(SHARD_WRITE, &body.subject)?;
     let settings = state.shards()?.clone();
     let writers = state.writers()?;
-    PartitionKey::new(body.subject.clone(), body.route.clone(), "e", 0)
-        .map_err(|e| invalid("invalid_input", e.to_string()))?;
-    reservoir_core::validate_id("gateway id", &body.gateway_id)
-        .map_err(|e| invalid("invalid_input", e.to_string()))?;
-    boot_epoch_fits(body.gateway_boot_epoch)?;
-    if !(1..=MAX_SHARD_TTL_MS).contains(&body.ttl_ms) {
-        return Err(invalid(
-            "invalid_input",
-            format!("ttl_ms must be 1..={MAX_SHARD_TTL_MS}"),
-        ));
-    }
-    let shard_id = match &body.shard_id {
-        Some(id) => ShardId::new(id.clone()).map_err(|e| invalid("invalid_id", e.to_string()))?,
-        None => random_shard_id()?,
-    };
     let shard = writers.shard_of(&body.subject, &body.route);
-    let request = Request::IssueShard(Box::new(IssueShard {
-        subject: body.subject,
-        route: body.route,
-        shard_id,
-        units: body.units,
-        gateway_id: body.gateway_id,
-        boot_epoch: body.gateway_boot_epoch,
-        ttl_ms: body.ttl_ms,
-        signer: settings.signer.clone(),
-    }));
+    let request = Request::IssueShard(Box::new(issue_request(body, settings.signer.clone())?));
     match writers.call(shard, request).await? {
         Answer::Shard { document, created } => {
             let status = if created {
@@ -162,40 +218,9 @@ pub async fn reconcile(
     let writers = state.writers()?;
     let Path(raw) =
         path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
-    let presented = body.shard.to_document()?;
-    if presented.shard_id.as_str() != raw {
-        return Err(invalid(
-            "shard_id_mismatch",
-            "the path names another shard than the body",
-        ));
-    }
-    match settings.signer.verify(&presented) {
-        Ok(()) => {}
-        Err(BadSignature::Malformed) => {
-            return Err(invalid(
-                "shard_signature_invalid",
-                "the signature is not ed25519:<128 hex digits>",
-            ))
-        }
-        Err(BadSignature::Mismatch) => {
-            return Err(invalid(
-                "shard_signature_invalid",
-                "the signature does not verify: the shard was altered or not issued by this ledger",
-            ))
-        }
-    }
-    reservoir_core::validate_id("gateway id", &body.gateway_id)
-        .map_err(|e| invalid("invalid_input", e.to_string()))?;
-    boot_epoch_fits(body.gateway_boot_epoch)?;
-    let totals = totals(&body.receipts)?;
-    let shard = writers.shard_of_key(&presented.source);
-    let request = Request::ReconcileShard(Box::new(ReconcileShard {
-        presented,
-        gateway_id: body.gateway_id,
-        boot_epoch: body.gateway_boot_epoch,
-        totals,
-        grace_ms: settings.reconcile_grace_ms,
-    }));
+    let reconcile = reconcile_request(&raw, body, &settings.signer, settings.reconcile_grace_ms)?;
+    let shard = writers.shard_of_key(&reconcile.presented.source);
+    let request = Request::ReconcileShard(Box::new(reconcile));
     match writers.call(shard, request).await? {
         Answer::Reconciled(outcome) => {
             let status = if outcome.created {

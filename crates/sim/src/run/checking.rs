@@ -28,6 +28,7 @@ impl World {
         );
         self.check_model(&live, &mut out);
         self.check_lines(&live, &mut out);
+        self.check_shards(&live, &mut out);
         if self.plant == Some(Plant::IndexForgets) {
             let mut index = self.node.writers.index.write().expect("index lock");
             for p in live.values().filter(|p| p.closed) {

@@ -73,6 +73,11 @@ impl World {
     /// out and sent it again).
     pub(super) fn gateway_request(&mut self, quiet: bool) -> Option<(Origin, usize, Request)> {
         let g = self.rng.index(GATEWAYS);
+        if self.gateways[g].cut_off > 0 {
+            // Cut off from the ledger: its calls wait (it admits from its
+            // shards meanwhile, see `shards`).
+            return None;
+        }
         let of_gateway = |flying: bool| -> Vec<usize> {
             (0..self.calls.len())
                 .filter(|&c| {

@@ -1,0 +1,785 @@
+//! Emergency shards, end to end: each gateway asks the ledger for shards of
+//! `embed` (the route with emergency mode on), is now and then cut off from
+//! the ledger for some rounds (a network partition: nothing it sends
+//! arrives, no answer reaches it) and admits from its shards meanwhile
+//! through the client crate's real [`ShardBook`] (the client's
+//! [`Fallback`]), reconciles each shard once it is back (a lost answer
+//! retried with the same receipts, now and then an impatient duplicate),
+//! and restarts (a new boot epoch: its book and its shards' receipts are
+//! gone, the units stay retired with the ledger).
+//!
+//! Bodies go the way HTTP would carry them: the server's issue and reconcile
+//! translations (`reservoir_server::shards::http::{issue_request,
+//! reconcile_request}`) read the JSON the client builds, and the writer's
+//! answers reach the client through the server's views. Only the socket is
+//! missing.
+//!
+//! The sim keeps its own tally of what every shard's local calls did, across
+//! every book that held it, and holds the books and the ledger's records
+//! to it (the gates `shard_books`, `shard_double_spent`, `duplicate_remint`
+//! and `remint_unbacked`). A shard offered to a second gateway, or to its own
+//! gateway after a restart, must be refused; so must a reconcile that
+//! presents a shard under the new boot epoch.
+
+use reservoir_client::shards::{Reconcile, ReconcileOutcome, ShardDocument as HeldDocument};
+use reservoir_client::{Fallback, LocalHold, ReserveRequest, Settlement, ShardBook};
+use reservoir_core::partition::RemintedShard;
+use reservoir_server::clock::ManualClock;
+use reservoir_server::shards::bodies::{
+    IssueShardBody, ReconcileBody, ReconcileView, ShardDocumentView,
+};
+use reservoir_server::shards::http::{issue_request, reconcile_request};
+use reservoir_server::shards::ShardSigner;
+
+use super::*;
+
+/// How long after its expiry the simulated ledger still remints a shard's
+/// unused units (short, so late reconciles happen within a run).
+pub(super) const GRACE_MS: u64 = 60_000;
+/// Unreconciled shards a gateway keeps at most.
+const SHARDS_PER_GATEWAY: usize = 3;
+/// The seed of the ledger's signing key (a fixed key: a run's documents,
+/// signatures included, are the same on every replay).
+const SIGNING_SEED: [u8; 32] = [42; 32];
+
+/// The signer every node of a run shares, from [`SIGNING_SEED`], in `dir`.
+pub(super) fn signer(dir: &std::path::Path) -> Result<Arc<ShardSigner>, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("shard-signing.key");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(hex::encode(SIGNING_SEED).as_bytes()))
+        .map_err(|e| format!("shard key: {e}"))?;
+    ShardSigner::load_or_create(dir, Some(&path)).map(Arc::new)
+}
+
+/// One gateway process's side of the shards.
+pub(super) struct Gateway {
+    pub(super) boot_epoch: u64,
+    pub(super) book: ShardBook,
+    /// Rounds left cut off from the ledger (0: reachable).
+    pub(super) cut_off: u32,
+    local_calls: u64,
+}
+
+impl Gateway {
+    pub(super) fn new(g: usize, boot_epoch: u64, public_key: &str, clock: &ManualClock) -> Self {
+        let clock = clock.clone();
+        let now = Arc::new(move || {
+            use reservoir_server::clock::Clock;
+            clock.now_ms()
+        });
+        let book = ShardBook::new(&gateway_id(g), boot_epoch, public_key)
+            .expect("the run's own public key")
+            .with_clock(now);
+        Gateway {
+            boot_epoch,
+            book,
+            cut_off: 0,
+            local_calls: 0,
+        }
+    }
+}
+
+pub(super) fn gateway_id(g: usize) -> String {
+    format!("gw-{g}")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ShardPhase {
+    /// Issue asked, not answered yet (retried as it was).
+    Asking,
+    /// In its gateway's book.
+    Held,
+    /// Reconcile begun: the body is fixed, retried until answered.
+    Reconciling,
+    Reconciled,
+    /// Refused by the ledger, expired before it arrived, or lost with a
+    /// restarted gateway: the ledger keeps its units retired.
+    Abandoned,
+}
+
+/// One shard as the simulator follows it.
+pub(super) struct SimShard {
+    pub(super) id: String,
+    pub(super) gateway: usize,
+    pub(super) boot_epoch: u64,
+    pub(super) tenant: usize,
+    pub(super) units: u64,
+    pub(super) ttl_ms: u64,
+    pub(super) phase: ShardPhase,
+    pub(super) document: Option<HeldDocument>,
+    /// The reconcile body, fixed at its first attempt.
+    body: Option<serde_json::Value>,
+    in_flight: u32,
+    /// What its local calls did, across every book that held it: units
+    /// reported used by settles (above a hold too), what settles took of
+    /// their holds, the holds of calls whose usage is unknown (or that died
+    /// with their process), and holds still open.
+    pub(super) used: u64,
+    pub(super) spent: u64,
+    pub(super) unknown: u64,
+    pub(super) open: u64,
+    pub(super) admitted_offline: bool,
+}
+
+impl SimShard {
+    /// Units the shard's calls consumed or hold: never above its allocation.
+    fn consumed(&self) -> u64 {
+        self.spent + self.unknown + self.open
+    }
+}
+
+/// A call admitted from a shard while its gateway was cut off.
+pub(super) struct LocalCall {
+    id: String,
+    gateway: usize,
+    shard: usize,
+    units: u64,
+    hold: Box<dyn LocalHold>,
+}
+
+impl World {
+    /// The shards' part of a round, before the waves: cut-offs end or begin,
+    /// gateways restart, local calls end or are admitted, reconciles begin,
+    /// new shards are asked for. In the quiet drain every gateway is
+    /// reachable, every local call ends and every held shard is reconciled.
+    pub(super) fn shard_round(&mut self, quiet: bool) {
+        for g in 0..GATEWAYS {
+            let gateway = &mut self.gateways[g];
+            if gateway.cut_off > 0 && (quiet || gateway.cut_off == 1) {
+                gateway.cut_off = 0;
+                gateway.book.note_ledger_reachable();
+                self.note(format!("  gw-{g} reaches the ledger again"));
+            } else if gateway.cut_off > 0 {
+                gateway.cut_off -= 1;
+            }
+        }
+        if !quiet && self.rng.chance(8) {
+            let g = self.rng.index(GATEWAYS);
+            self.restart_gateway(g);
+        }
+        if !quiet && self.rng.chance(40) {
+            let g = self.rng.index(GATEWAYS);
+            if self.gateways[g].cut_off == 0 {
+                let rounds = self.rng.range(2, 8) as u32;
+                self.gateways[g].cut_off = rounds;
+                self.note(format!(
+                    "  gw-{g} cut off from the ledger for {rounds} rounds"
+                ));
+                self.count("gateway cut off from the ledger");
+            }
+        }
+        let mut i = 0;
+        while i < self.local_calls.len() {
+            let reachable = self.gateways[self.local_calls[i].gateway].cut_off == 0;
+            if quiet || reachable || self.rng.chance(500) {
+                let call = self.local_calls.swap_remove(i);
+                self.end_local_call(call);
+            } else {
+                i += 1;
+            }
+        }
+        for g in 0..GATEWAYS {
+            if self.gateways[g].cut_off > 0 {
+                for _ in 0..self.rng.range(0, 2) {
+                    self.admit_locally(g);
+                }
+            }
+        }
+        for s in 0..self.shards.len() {
+            let shard = &self.shards[s];
+            let reachable = self.gateways[shard.gateway].cut_off == 0;
+            if shard.phase != ShardPhase::Held || !reachable {
+                continue;
+            }
+            let open = self.local_calls.iter().any(|c| c.shard == s);
+            let due = quiet || shard.admitted_offline || self.rng.chance(15);
+            if !open && due {
+                self.begin_reconcile(s);
+            }
+        }
+        if !quiet && self.rng.chance(60) {
+            let g = self.rng.index(GATEWAYS);
+            let live = self
+                .shards
+                .iter()
+                .filter(|s| s.gateway == g && s.boot_epoch == self.gateways[g].boot_epoch)
+                .filter(|s| !matches!(s.phase, ShardPhase::Reconciled | ShardPhase::Abandoned))
+                .count();
+            if self.gateways[g].cut_off == 0 && live < SHARDS_PER_GATEWAY {
+                let boot_epoch = self.gateways[g].boot_epoch;
+                let id = format!("gw-{g}-b{boot_epoch}-s{}", self.shards.len());
+                self.shard_index.insert(id.clone(), self.shards.len());
+                self.shards.push(SimShard {
+                    id,
+                    gateway: g,
+                    boot_epoch,
+                    tenant: self.rng.index(TENANTS.len()),
+                    units: self.rng.range(500, 3_000),
+                    ttl_ms: self.rng.range(30_000, 600_000),
+                    phase: ShardPhase::Asking,
+                    document: None,
+                    body: None,
+                    in_flight: 0,
+                    used: 0,
+                    spent: 0,
+                    unknown: 0,
+                    open: 0,
+                    admitted_offline: false,
+                });
+            }
+        }
+    }
+
+    /// A gateway process restarts: its open local calls die with it (their
+    /// holds count as consumed: the calls may have run), its book is gone,
+    /// and a new process with the next boot epoch starts. The old shards
+    /// must be refused to the new book and their reconcile under the new
+    /// boot epoch refused by the ledger. With the plant, the new process
+    /// keeps the old boot epoch and installs the old documents again.
+    fn restart_gateway(&mut self, g: usize) {
+        self.count("gateway restart");
+        let mut i = 0;
+        while i < self.local_calls.len() {
+            if self.local_calls[i].gateway == g {
+                let call = self.local_calls.swap_remove(i);
+                let shard = &mut self.shards[call.shard];
+                shard.open -= call.units;
+                shard.unknown += call.units;
+            } else {
+                i += 1;
+            }
+        }
+        let planted = self.plant == Some(Plant::ShardAfterRestart);
+        let old = self.gateways[g].boot_epoch;
+        let boot_epoch = if planted { old } else { old + 1 };
+        self.gateways[g] = Gateway::new(g, boot_epoch, &self.public_key, &self.node.clock);
+        self.note(format!("  gw-{g} restarts, boot epoch {boot_epoch}"));
+        for s in 0..self.shards.len() {
+            let shard = &self.shards[s];
+            if shard.gateway != g || shard.boot_epoch != old {
+                continue;
+            }
+            let phase = shard.phase;
+            let Some(document) = shard.document.clone() else {
+                // Asked, not answered: the new process does not know of it.
+                self.shards[s].phase = ShardPhase::Abandoned;
+                continue;
+            };
+            if !matches!(phase, ShardPhase::Held | ShardPhase::Reconciling) {
+                continue;
+            }
+            let installed = self.gateways[g].book.install(document.clone());
+            match (installed, planted) {
+                (Ok(()), true) => {
+                    self.shards[s].phase = ShardPhase::Held;
+                    self.shards[s].body = None;
+                    self.count("planted: old shard installed after a restart");
+                    continue;
+                }
+                (Err(reservoir_client::shards::ShardRefused::OtherBootEpoch(_)), false) => {
+                    self.count("shard refused to its restarted gateway");
+                }
+                (Err(reservoir_client::shards::ShardRefused::Expired), true) => {}
+                (other, _) => {
+                    self.findings.push(finding(
+                        Gate::ShardDoubleSpent,
+                        format!(
+                            "shard {} offered to gw-{g} after its restart: {other:?}",
+                            self.shards[s].id
+                        ),
+                    ));
+                }
+            }
+            self.shards[s].phase = ShardPhase::Abandoned;
+            self.count("shard abandoned by a restart");
+            if planted {
+                // Under the same boot epoch the ledger cannot tell the two apart.
+                continue;
+            }
+            // The new process presents the old shard anyway: refused.
+            let body = serde_json::json!({
+                "shard": document,
+                "gateway_id": gateway_id(g),
+                "gateway_boot_epoch": boot_epoch,
+                "receipts": [],
+            });
+            if let Some(request) = self.reconcile_of(s, body) {
+                let shard = self
+                    .node
+                    .writers
+                    .shard_of(TENANTS[self.shards[s].tenant].name, "embed");
+                self.probes.push((s, shard, request));
+            }
+        }
+    }
+
+    /// A call of a cut-off gateway, admitted from its book or refused.
+    fn admit_locally(&mut self, g: usize) {
+        // Mostly a tenant the gateway holds a shard for; now and then any.
+        let held: Vec<usize> = self
+            .shards
+            .iter()
+            .filter(|s| s.gateway == g && s.phase == ShardPhase::Held)
+            .map(|s| s.tenant)
+            .collect();
+        let tenant = match held.is_empty() || self.rng.chance(200) {
+            true => self.rng.index(TENANTS.len()),
+            false => held[self.rng.index(held.len())],
+        };
+        let units = self.rng.range(100, 1_500);
+        let gateway = &mut self.gateways[g];
+        gateway.local_calls += 1;
+        let id = format!("gw-{g}-b{}-l{}", gateway.boot_epoch, gateway.local_calls);
+        let request = ReserveRequest::units(TENANTS[tenant].name, Route::Embed.name(), units);
+        let client_id = reservoir_client::ReservationId::new(id.clone()).expect("a plain id");
+        // Which shard the book took it from: the one whose reserved units grew.
+        let candidates: Vec<usize> = (0..self.shards.len())
+            .filter(|&s| self.shards[s].gateway == g && self.shards[s].phase == ShardPhase::Held)
+            .collect();
+        let before: Vec<u64> = candidates
+            .iter()
+            .map(|&s| self.reserved_in_book(s))
+            .collect();
+        let Some(hold) = self.gateways[g].book.reserve(&client_id, &request, None) else {
+            self.note(format!("  {id} local {units} -> refused"));
+            self.count("local call refused (no shard)");
+            return;
+        };
+        let taken = candidates
+            .iter()
+            .zip(before)
+            .find(|&(&s, before)| self.reserved_in_book(s) == before + units)
+            .map(|(&s, _)| s);
+        let Some(s) = taken else {
+            self.findings.push(finding(
+                Gate::ShardBooks,
+                format!("{id}: admitted locally, no shard's reserved units grew by {units}"),
+            ));
+            return;
+        };
+        let shard = &mut self.shards[s];
+        shard.open += units;
+        shard.admitted_offline = true;
+        let line = format!("  {id} local {units} -> held by {}", shard.id);
+        if shard.consumed() > shard.units {
+            let detail = format!(
+                "shard {} of {} units: {} consumed or held across its books",
+                shard.id,
+                shard.units,
+                shard.consumed()
+            );
+            self.findings.push(finding(Gate::ShardDoubleSpent, detail));
+        }
+        self.note(line);
+        self.count("local call admitted from a shard");
+        self.local_calls.push(LocalCall {
+            id,
+            gateway: g,
+            shard: s,
+            units,
+            hold,
+        });
+    }
+
+    fn reserved_in_book(&self, s: usize) -> u64 {
+        let shard = &self.shards[s];
+        self.gateways[shard.gateway]
+            .book
+            .books(&shard.id)
+            .map_or(0, |b| b.local_reserved_units)
+    }
+
+    /// A local call ends: settled (below, at or above its hold), released,
+    /// or its usage unknown (the hold stays retired, never unused).
+    fn end_local_call(&mut self, call: LocalCall) {
+        let shard = &mut self.shards[call.shard];
+        shard.open -= call.units;
+        let what = match self.rng.below(100) {
+            0..=69 => {
+                let used = self.rng.range(0, call.units * 3 / 2);
+                call.hold.settle(&Settlement {
+                    actual_units: used,
+                    operation_id: None,
+                    usage: None,
+                });
+                shard.used += used;
+                shard.spent += used.min(call.units);
+                if used > call.units {
+                    self.count("local call settled above its hold");
+                }
+                format!("settled {used}")
+            }
+            70..=84 => {
+                call.hold.release();
+                "released".to_string()
+            }
+            _ => {
+                let book = &self.gateways[call.gateway].book;
+                if !book.mark_usage_unknown(&call.id) {
+                    self.findings.push(finding(
+                        Gate::ShardBooks,
+                        format!("{}: the book does not know the open call", call.id),
+                    ));
+                }
+                shard.unknown += call.units;
+                self.count("local call with unknown usage");
+                "usage unknown".to_string()
+            }
+        };
+        self.note(format!("  {} local -> {what}", call.id));
+    }
+
+    fn begin_reconcile(&mut self, s: usize) {
+        let shard = &self.shards[s];
+        match self.gateways[shard.gateway].book.begin_reconcile(&shard.id) {
+            Ok(Reconcile::Send(body)) => {
+                self.shards[s].body = Some(body);
+                self.shards[s].phase = ShardPhase::Reconciling;
+            }
+            other => {
+                let detail = format!("shard {}: begin reconcile: {other:?}", shard.id);
+                self.findings.push(finding(Gate::UnexpectedAnswer, detail));
+            }
+        }
+    }
+
+    /// The writer's request for a reconcile body, through the server's own
+    /// translation (`None`, with a finding: it refused a body it should take).
+    fn reconcile_of(&mut self, s: usize, body: serde_json::Value) -> Option<Request> {
+        let id = self.shards[s].id.clone();
+        let translated = serde_json::from_value::<ReconcileBody>(body)
+            .map_err(|e| e.to_string())
+            .and_then(|body| {
+                reconcile_request(&id, body, &self.signer, GRACE_MS).map_err(|e| format!("{e:?}"))
+            });
+        match translated {
+            Ok(reconcile) => Some(Request::ReconcileShard(Box::new(reconcile))),
+            Err(err) => {
+                let detail = format!("shard {id}: reconcile body refused: {err}");
+                self.findings.push(finding(Gate::UnexpectedAnswer, detail));
+                None
+            }
+        }
+    }
+
+    /// Wave 0's shard requests: issues and reconciles of reachable gateways
+    /// (now and then sent twice), and the probes a restart left.
+    pub(super) fn shard_requests(&mut self) -> Vec<(Origin, usize, Request)> {
+        let mut requests = Vec::new();
+        for (s, shard, request) in std::mem::take(&mut self.probes) {
+            requests.push((Origin::ShardProbe(s), shard, request));
+        }
+        for s in 0..self.shards.len() {
+            let shard = &self.shards[s];
+            let due = matches!(shard.phase, ShardPhase::Asking | ShardPhase::Reconciling);
+            if !due || self.gateways[shard.gateway].cut_off > 0 {
+                continue;
+            }
+            let writer = self
+                .node
+                .writers
+                .shard_of(TENANTS[shard.tenant].name, Route::Embed.name());
+            let copies = if !self.quiet && self.rng.chance(100) {
+                self.count("shard request sent twice");
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let Some(request) = self.shard_request(s) else {
+                    break;
+                };
+                self.shards[s].in_flight += 1;
+                requests.push((Origin::Shard(s, self.shards[s].phase), writer, request));
+            }
+        }
+        requests
+    }
+
+    /// Shard `s`'s request for its phase, from the body the gateway sends
+    /// (the same one on every retry).
+    fn shard_request(&mut self, s: usize) -> Option<Request> {
+        let shard = &self.shards[s];
+        if shard.phase == ShardPhase::Reconciling {
+            let body = shard
+                .body
+                .clone()
+                .expect("a reconciling shard has its body");
+            return self.reconcile_of(s, body);
+        }
+        let body = IssueShardBody {
+            subject: TENANTS[shard.tenant].name.to_string(),
+            route: Route::Embed.name().to_string(),
+            units: shard.units,
+            gateway_id: gateway_id(shard.gateway),
+            gateway_boot_epoch: shard.boot_epoch,
+            ttl_ms: shard.ttl_ms,
+            shard_id: Some(shard.id.clone()),
+        };
+        match issue_request(body, self.signer.clone()) {
+            Ok(issue) => Some(Request::IssueShard(Box::new(issue))),
+            Err(err) => {
+                let detail = format!("shard {}: issue body refused: {err:?}", shard.id);
+                self.findings.push(finding(Gate::UnexpectedAnswer, detail));
+                None
+            }
+        }
+    }
+}
+
+impl World {
+    /// The answer to shard `s`'s request sent in phase `sent`. A gateway cut
+    /// off does not hear it; an answer to a copy whose twin already moved
+    /// the shard on (or whose process restarted) changes nothing.
+    pub(super) fn deliver_to_shard(
+        &mut self,
+        s: usize,
+        sent: ShardPhase,
+        reply: Reply,
+        lost: bool,
+    ) {
+        let shard = &mut self.shards[s];
+        shard.in_flight -= 1;
+        let lost = lost || self.gateways[shard.gateway].cut_off > 0;
+        let verb = if sent == ShardPhase::Asking {
+            "issue"
+        } else {
+            "reconcile"
+        };
+        let what = format!("  shard {} {verb}", shard.id);
+        let outcome = if lost {
+            "LOST".to_string()
+        } else {
+            outcome_of(&reply)
+        };
+        self.note(format!("{what} -> {outcome}"));
+        if lost || self.shards[s].phase != sent {
+            return;
+        }
+        match (sent, reply) {
+            (_, Err(Failure::Unavailable(_))) => {}
+            (_, Err(Failure::Internal(msg))) => {
+                self.findings
+                    .push(finding(Gate::WriterBroke, format!("{what}: {msg}")));
+            }
+            (ShardPhase::Asking, Ok(Answer::Shard { document, .. })) => {
+                self.shard_issued(s, &document)
+            }
+            // Not enough available, or debt outstanding: no shard.
+            (ShardPhase::Asking, Err(Failure::Rejected { .. })) => {
+                self.shards[s].phase = ShardPhase::Abandoned;
+                self.count("shard refused by the ledger");
+            }
+            (ShardPhase::Reconciling, Ok(Answer::Reconciled(outcome))) => {
+                self.shard_reconciled(s, &outcome)
+            }
+            (_, other) => self.findings.push(finding(
+                Gate::UnexpectedAnswer,
+                format!("{what}: {other:?}"),
+            )),
+        }
+    }
+
+    /// The issued document reaches the gateway through the server's view
+    /// and the client's type, and goes into its book; now and then it is
+    /// offered to another gateway too, whose book must refuse it.
+    fn shard_issued(&mut self, s: usize, document: &reservoir_server::shards::ShardDocument) {
+        let view = ShardDocumentView::from(document);
+        let held: HeldDocument = serde_json::to_value(&view)
+            .and_then(serde_json::from_value)
+            .expect("the client reads the server's shard document");
+        let shard = &self.shards[s];
+        let g = shard.gateway;
+        let asked = (shard.units, gateway_id(g), shard.boot_epoch);
+        if (held.units, held.gateway_id.clone(), held.gateway_boot_epoch) != asked {
+            let detail = format!("shard {}: asked {asked:?}, issued {held:?}", shard.id);
+            self.findings.push(finding(Gate::ModelDisagrees, detail));
+            return;
+        }
+        match self.gateways[g].book.install(held.clone()) {
+            Ok(()) => {
+                self.shards[s].phase = ShardPhase::Held;
+                self.shards[s].document = Some(held.clone());
+                self.count("shard issued");
+            }
+            Err(reservoir_client::shards::ShardRefused::Expired) => {
+                self.shards[s].phase = ShardPhase::Abandoned;
+                self.count("shard expired before it arrived");
+                return;
+            }
+            Err(err) => {
+                let detail = format!(
+                    "shard {}: the issued shard is refused: {err}",
+                    held.shard_id
+                );
+                self.findings.push(finding(Gate::UnexpectedAnswer, detail));
+                return;
+            }
+        }
+        if self.rng.chance(250) {
+            let h = (g + 1 + self.rng.index(GATEWAYS - 1)) % GATEWAYS;
+            match self.gateways[h].book.install(held) {
+                Err(reservoir_client::shards::ShardRefused::OtherGateway(_)) => {
+                    self.count("shard refused to a second gateway");
+                }
+                other => {
+                    let detail = format!(
+                        "shard {} of gw-{g} offered to gw-{h}: {other:?}",
+                        self.shards[s].id
+                    );
+                    self.findings.push(finding(Gate::ShardDoubleSpent, detail));
+                }
+            }
+        }
+    }
+
+    /// The ledger's answer reaches the gateway's book (a second begin then
+    /// answers it from the book), and is held to what the calls did.
+    fn shard_reconciled(&mut self, s: usize, outcome: &reservoir_server::shards::ReconcileOutcome) {
+        let view = ReconcileView::from(outcome);
+        let told: ReconcileOutcome = serde_json::to_value(&view)
+            .and_then(serde_json::from_value)
+            .expect("the client reads the server's reconcile answer");
+        let (g, id) = (self.shards[s].gateway, self.shards[s].id.clone());
+        let book = &self.gateways[g].book;
+        book.note_reconciled(&id, told.clone());
+        match book.begin_reconcile(&id) {
+            Ok(Reconcile::Done(again)) if again == told => {}
+            other => {
+                let detail = format!("shard {id}: reconciled, then the book says {other:?}");
+                self.findings.push(finding(Gate::ShardBooks, detail));
+            }
+        }
+        self.shards[s].phase = ShardPhase::Reconciled;
+        self.count(match told.outcome.as_str() {
+            "reminted" => "shard reconciled: unused units reminted",
+            "overspent" => "shard reconciled: overspent, the excess is debt",
+            _ => "shard reconciled: some units stay retired (late, or no room)",
+        });
+        let mut out = Vec::new();
+        self.check_remint(s, &outcome.record, &mut out);
+        self.findings.extend(out);
+    }
+
+    /// A restarted gateway presented its predecessor's shard: refused.
+    pub(super) fn deliver_probe(&mut self, s: usize, reply: Reply) {
+        let what = format!(
+            "  shard {} reconcile by the restarted gateway",
+            self.shards[s].id
+        );
+        self.note(format!("{what} -> {}", outcome_of(&reply)));
+        match reply {
+            Err(Failure::Conflict {
+                code: "shard_binding_mismatch",
+                ..
+            }) => self.count("old shard's reconcile refused after a restart"),
+            Err(Failure::Unavailable(_)) => {}
+            other => {
+                let detail = format!("{what}: {}", outcome_of(&other));
+                self.findings.push(finding(Gate::RemintUnbacked, detail));
+            }
+        }
+    }
+
+    /// A ledger's reconcile record of shard `s` against what its calls
+    /// did: the receipts' totals recorded as sent, no more reminted than
+    /// the calls left unused (an unknown call's hold is never unused), and
+    /// use beyond the allocation recorded as debt.
+    pub(super) fn check_remint(&self, s: usize, r: &RemintedShard, out: &mut Vec<Finding>) {
+        let shard = &self.shards[s];
+        let reported = (shard.units, shard.used, shard.unknown);
+        if (r.issued_units, r.spent_units, r.unknown_units) != reported {
+            out.push(finding(
+                Gate::ModelDisagrees,
+                format!(
+                    "shard {}: the ledger recorded (issued, spent, unknown) {:?}, its calls reported {reported:?}",
+                    shard.id,
+                    (r.issued_units, r.spent_units, r.unknown_units)
+                ),
+            ));
+        }
+        let accounted = shard.used + shard.unknown;
+        let unused = shard.units.saturating_sub(accounted);
+        let excess = accounted.saturating_sub(shard.units);
+        if r.units > unused || r.excess_units != excess {
+            out.push(finding(
+                Gate::RemintUnbacked,
+                format!(
+                    "shard {} of {} units, used {} and unknown {}: reminted {} (at most {unused}), excess recorded {} (owed {excess})",
+                    shard.id, shard.units, shard.used, shard.unknown, r.units, r.excess_units
+                ),
+            ));
+        }
+    }
+
+    /// After every round: each book balances and holds what its calls hold;
+    /// a shard is reminted at most once across the subject/route's
+    /// partitions; every record agrees with what the calls did.
+    pub(super) fn check_shards(&self, live: &Partitions, out: &mut Vec<Finding>) {
+        for shard in &self.shards {
+            let gateway = &self.gateways[shard.gateway];
+            // Reconciled shards stay in the book of the process that
+            // reconciled them (a planted restart under the same boot epoch
+            // starts a book without them).
+            let held = matches!(shard.phase, ShardPhase::Held | ShardPhase::Reconciling);
+            let reconciled = shard.phase == ShardPhase::Reconciled;
+            if !(held || reconciled) || gateway.boot_epoch != shard.boot_epoch {
+                continue;
+            }
+            let Some(b) = gateway.book.books(&shard.id) else {
+                if reconciled {
+                    continue;
+                }
+                out.push(finding(
+                    Gate::ShardBooks,
+                    format!("shard {}: not in its gateway's book", shard.id),
+                ));
+                continue;
+            };
+            let right = u128::from(b.local_available_units)
+                + u128::from(b.local_reserved_units)
+                + u128::from(b.local_spent_units)
+                + u128::from(b.local_retired_units);
+            if b.allocated_units != shard.units
+                || u128::from(b.allocated_units) != right
+                || b.local_reserved_units != shard.open
+            {
+                out.push(finding(
+                    Gate::ShardBooks,
+                    format!(
+                        "shard {} of {} units, {} held by open calls: book {b:?}",
+                        shard.id, shard.units, shard.open
+                    ),
+                ));
+            }
+        }
+        let mut seen: BTreeMap<&str, &PartitionKey> = BTreeMap::new();
+        for (key, p) in live {
+            for (id, record) in &p.shards_reminted {
+                if let Some(first) = seen.insert(id.as_str(), key) {
+                    out.push(finding(
+                        Gate::DuplicateRemint,
+                        format!("shard {} reminted into {first} and {key}", id.as_str()),
+                    ));
+                }
+                if let Some(&s) = self.shard_index.get(id.as_str()) {
+                    self.check_remint(s, record, out);
+                }
+            }
+        }
+    }
+
+    /// Shard requests still to be answered (the quiet drain waits for them).
+    pub(super) fn shards_unresolved(&self) -> usize {
+        self.shards
+            .iter()
+            .filter(|s| matches!(s.phase, ShardPhase::Asking | ShardPhase::Reconciling))
+            .count()
+    }
+}
