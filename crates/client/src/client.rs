@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::fallback::Fallback;
 use crate::http::{problem, rejected, Exchange};
 use crate::lease::{Hold, Reservation};
+use crate::owners::Owners;
 use crate::retry::{self, Attempt, RetryPolicy};
 use crate::types::{
     path_segment, ActivePolicyBody, OperationId, Receipt, ReservationId, ReserveRequest, RouteInfo,
@@ -30,9 +31,21 @@ pub struct ClientBuilder {
     http: Option<reqwest::Client>,
     fallback: Option<Arc<dyn Fallback>>,
     token: Option<String>,
+    cluster_nodes: Vec<String>,
 }
 
 impl ClientBuilder {
+    /// Every node of the cluster (their URLs as the nodes name each other in
+    /// `--peers`). Requests still start at the configured URL; a forwarded
+    /// answer then names the owner of its partition, and later requests for
+    /// the same subject/route or reservation go there directly, if it is one
+    /// of these (see [`crate::owners`]). Empty (the default): always the
+    /// configured URL.
+    pub fn cluster_nodes(mut self, nodes: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.cluster_nodes = nodes.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// The bearer token sent on every request (`reservoir token create
     /// --scope gateway --subject ...`); the ledger answers 401 without one
     /// when it authenticates.
@@ -68,6 +81,7 @@ impl ClientBuilder {
                 background: Arc::default(),
                 fallback: self.fallback,
                 token: self.token,
+                owners: (!self.cluster_nodes.is_empty()).then(|| Owners::new(&self.cluster_nodes)),
             }),
         }
     }
@@ -87,6 +101,8 @@ pub(crate) struct Inner {
     pub(crate) background: Arc<Background>,
     fallback: Option<Arc<dyn Fallback>>,
     pub(crate) token: Option<String>,
+    /// Owners learnt from forwarded answers (`None`: no cluster nodes given).
+    owners: Option<Owners>,
 }
 
 impl Client {
@@ -97,6 +113,7 @@ impl Client {
             http: None,
             fallback: None,
             token: None,
+            cluster_nodes: Vec::new(),
         }
     }
 
@@ -203,14 +220,22 @@ impl Client {
                 let body = &body;
                 let maybe_reached = &maybe_reached;
                 async move {
+                    let owner = self.owner_of(Route(&request.subject, &request.route));
                     let exchange = self
-                        .exchange(
+                        .exchange_at(
+                            owner.as_deref(),
                             reqwest::Method::POST,
                             "/v1/reservations",
                             Some(body),
                             timeout,
                         )
                         .await;
+                    self.learn(
+                        &exchange,
+                        owner,
+                        Some((&request.subject, &request.route)),
+                        id.as_str(),
+                    );
                     // A 503 may come from a writer that appended and was then fenced.
                     let reached = match &exchange {
                         Exchange::Lost { maybe_sent, .. } => *maybe_sent,
@@ -258,9 +283,11 @@ impl Client {
     ) -> Result<Receipt, Error> {
         let body = serde_json::json!({ "operation_id": operation_id });
         self.write(
+            id,
             &format!("/v1/reservations/{}/start", path_segment(id.as_str())),
             &body,
             "start",
+            false,
         )
         .await
     }
@@ -275,9 +302,11 @@ impl Client {
             serde_json::to_value(settlement).map_err(|e| Error::InvalidInput(e.to_string()))?;
         let receipt = self
             .write(
+                id,
                 &format!("/v1/reservations/{}/settle", path_segment(id.as_str())),
                 &body,
                 "settle",
+                true,
             )
             .await?;
         crate::metrics::settled(&receipt);
@@ -289,9 +318,11 @@ impl Client {
         let body = serde_json::json!({});
         let receipt = self
             .write(
+                id,
                 &format!("/v1/reservations/{}/release", path_segment(id.as_str())),
                 &body,
                 "release",
+                true,
             )
             .await?;
         crate::metrics::settled(&receipt);
@@ -307,10 +338,12 @@ impl Client {
             |timeout| {
                 let path = &path;
                 async move {
-                    match self
-                        .exchange(reqwest::Method::GET, path, None, timeout)
-                        .await
-                    {
+                    let owner = self.owner_of(Id(id.as_str()));
+                    let exchange = self
+                        .exchange_at(owner.as_deref(), reqwest::Method::GET, path, None, timeout)
+                        .await;
+                    self.learn(&exchange, owner, None, id.as_str());
+                    match exchange {
                         Exchange::Answer { status, body, .. }
                             if status == StatusCode::NOT_FOUND =>
                         {
@@ -413,18 +446,108 @@ impl Client {
         self.inner.background.failures()
     }
 
-    async fn write(&self, path: &str, body: &Value, step: &'static str) -> Result<Receipt, Error> {
-        retry::run(
+    /// A step of reservation `id` (start, settle, release), at its owner
+    /// when known; `ends`: the step ends the reservation.
+    async fn write(
+        &self,
+        id: &ReservationId,
+        path: &str,
+        body: &Value,
+        step: &'static str,
+        ends: bool,
+    ) -> Result<Receipt, Error> {
+        let receipt = retry::run(
             &self.inner.retry,
             step,
             |timeout| async move {
+                let owner = self.owner_of(Id(id.as_str()));
                 let exchange = self
-                    .exchange(reqwest::Method::POST, path, Some(body), timeout)
+                    .exchange_at(
+                        owner.as_deref(),
+                        reqwest::Method::POST,
+                        path,
+                        Some(body),
+                        timeout,
+                    )
                     .await;
+                self.learn(&exchange, owner, None, id.as_str());
                 self.classify(exchange)
             },
             Error::Unavailable,
         )
-        .await
+        .await?;
+        if let (true, Some(owners)) = (ends, &self.inner.owners) {
+            owners.ended(id.as_str());
+        }
+        Ok(receipt)
+    }
+
+    /// The owner learnt for a subject/route or a reservation (`None`: the
+    /// configured URL).
+    fn owner_of(&self, what: OwnerOf<'_>) -> Option<Arc<str>> {
+        let owners = self.inner.owners.as_ref()?;
+        match what {
+            Route(subject, route) => owners.of_route(subject, route),
+            Id(id) => owners.of_id(id),
+        }
+    }
+
+    /// What an exchange at `asked` (an owner, or the configured URL when
+    /// `None`) teaches: a forwarded answer names the owner of the request's
+    /// subject/route and reservation; an owner that answered itself keeps
+    /// the reservation; one that failed or answered 503 is forgotten.
+    fn learn(
+        &self,
+        exchange: &Exchange,
+        asked: Option<Arc<str>>,
+        route: Option<(&str, &str)>,
+        id: &str,
+    ) {
+        let Some(owners) = &self.inner.owners else {
+            return;
+        };
+        let owner = match exchange {
+            Exchange::Answer { status, .. } if *status == StatusCode::SERVICE_UNAVAILABLE => {
+                if let Some(node) = asked {
+                    owners.forget(&node);
+                }
+                return;
+            }
+            Exchange::Answer {
+                served_by: Some(url),
+                ..
+            } => owners.listed(url),
+            Exchange::Answer { .. } => asked,
+            Exchange::Lost { .. } => {
+                if let Some(node) = asked {
+                    owners.forget(&node);
+                }
+                return;
+            }
+        };
+        if let Some(node) = owner {
+            if let Some((subject, route)) = route {
+                owners.learn_route(subject, route, node.clone());
+            }
+            owners.learn_id(id, node);
+        }
+    }
+
+    /// The owner [`Client::learn`]t for a subject/route, if any (cluster
+    /// mode with [`ClientBuilder::cluster_nodes`]).
+    pub fn owner_of_route(&self, subject: &str, route: &str) -> Option<String> {
+        self.owner_of(Route(subject, route)).map(|n| n.to_string())
+    }
+
+    /// The owner learnt for reservation `id`, if any.
+    pub fn owner_of_reservation(&self, id: &ReservationId) -> Option<String> {
+        self.owner_of(Id(id.as_str())).map(|n| n.to_string())
     }
 }
+
+/// What an owner is looked up by.
+enum OwnerOf<'a> {
+    Route(&'a str, &'a str),
+    Id(&'a str),
+}
+use OwnerOf::{Id, Route};

@@ -18,6 +18,8 @@ pub(crate) enum Exchange {
         status: StatusCode,
         retry_after: Option<Duration>,
         body: Vec<u8>,
+        /// The owner a node forwarded the request to (`x-reservoir-served-by`).
+        served_by: Option<String>,
     },
     Lost {
         why: String,
@@ -33,10 +35,24 @@ impl Client {
         body: Option<&Value>,
         timeout: Duration,
     ) -> Exchange {
+        self.exchange_at(None, method, path, body, timeout).await
+    }
+
+    /// [`Client::exchange`] with the node `at` (an owner learnt, see
+    /// [`crate::owners`]) instead of the configured URL.
+    pub(crate) async fn exchange_at(
+        &self,
+        at: Option<&str>,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Exchange {
+        let base = at.unwrap_or(&self.inner.base);
         let mut request = self
             .inner
             .http
-            .request(method, format!("{}{path}", self.inner.base))
+            .request(method, format!("{base}{path}"))
             .timeout(timeout);
         if let Some(body) = body {
             request = request.json(body);
@@ -60,11 +76,17 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
+        let served_by = response
+            .headers()
+            .get(crate::owners::SERVED_BY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         match response.bytes().await {
             Ok(body) => Exchange::Answer {
                 status,
                 retry_after,
                 body: body.to_vec(),
+                served_by,
             },
             Err(e) => Exchange::Lost {
                 why: format!("answer cut off: {e:?}"),
@@ -92,6 +114,7 @@ impl Client {
                 status,
                 retry_after,
                 body,
+                ..
             } if status == StatusCode::TOO_MANY_REQUESTS => {
                 if self.inner.retry.retry_refusals {
                     Attempt::Again {
@@ -109,6 +132,7 @@ impl Client {
                 status,
                 retry_after,
                 body,
+                ..
             } if status == StatusCode::SERVICE_UNAVAILABLE => Attempt::Again {
                 why: format!("503 {}", problem(&body).code()),
                 after: retry_after,

@@ -24,6 +24,9 @@
 //! - [`shards::ShardBook`]: the emergency-shard fallback: signed shards bound
 //!   to this process, local books checked after every operation, reconcile.
 //! - [`metrics`]: what is exported through the `metrics` facade.
+//! - [`owners`]: in cluster mode, with [`ClientBuilder::cluster_nodes`],
+//!   requests go straight to the node that owns their partition once a
+//!   forwarded answer named it.
 
 mod background;
 mod client;
@@ -32,6 +35,7 @@ mod fallback;
 mod http;
 mod lease;
 pub mod metrics;
+pub mod owners;
 mod retry;
 mod scheduler;
 pub mod shards;

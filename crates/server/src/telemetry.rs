@@ -17,6 +17,9 @@
 //!   evicted id).
 //! - `reservoir_overdraft_units_total{route}`, `reservoir_expired_total`,
 //!   `reservoir_usage_unknown_total`.
+//! - `reservoir_cluster_forwarded_total`: requests a cluster node forwarded to
+//!   the owner of their partition (one hop more; a client given the cluster's
+//!   nodes learns the owner from the answer's `x-reservoir-served-by`).
 //! - From the projector (`reservoir_projections`): `reservoir_projection_lag_entries{log_partition}`,
 //!   and per route `reservoir_debt_units` and `reservoir_frozen_partitions`.
 //!

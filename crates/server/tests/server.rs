@@ -20,6 +20,8 @@ mod bounded;
 mod clock;
 #[path = "server/cluster.rs"]
 mod cluster;
+#[path = "server/cluster_client.rs"]
+mod cluster_client;
 #[path = "server/config.rs"]
 mod config;
 #[path = "server/crash.rs"]

@@ -371,6 +371,7 @@ async fn forward(
         "{url}{}",
         parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
     );
+    metrics::counter!("reservoir_cluster_forwarded_total").increment(1);
     let mut request = node
         .http
         .request(parts.method.clone(), target)

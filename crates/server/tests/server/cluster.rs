@@ -28,10 +28,10 @@ use serde_json::{json, Value};
 use crate::kafka::brokers;
 use crate::support::*;
 
-const SESSION_TIMEOUT_MS: &str = "6000";
-const PARTITIONS: u32 = 6;
+pub(super) const SESSION_TIMEOUT_MS: &str = "6000";
+pub(super) const PARTITIONS: u32 = 6;
 
-struct Node {
+pub(super) struct Node {
     child: Child,
     /// The node's own data dir (its projection database), removed after it.
     _data: tempfile::TempDir,
@@ -45,7 +45,7 @@ impl Drop for Node {
     }
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -67,7 +67,7 @@ fn server_bin() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_reservoir").to_string())
 }
 
-fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
+pub(super) fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
     let data = tempfile::tempdir().unwrap();
     let delay = if id == "n2" {
         N2_LOST_REVOKE_DELAY_MS
@@ -112,7 +112,7 @@ fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> N
     Node { child, _data: data }
 }
 
-fn client() -> reqwest::Client {
+pub(super) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(40))
         .build()
@@ -159,7 +159,7 @@ async fn wait_served(
 /// [`wait_served`] as seen by every node in `bases`: a node routes by its own
 /// view, so a test that reads through a node waits for that node's view, not
 /// only another's.
-async fn wait_served_by_all(
+pub(super) async fn wait_served_by_all(
     http: &reqwest::Client,
     bases: &[String],
     owners: &[&str],
@@ -172,7 +172,12 @@ async fn wait_served_by_all(
 }
 
 /// Posts with retries on 503 and connection errors (same id, as a client would).
-async fn post(http: &reqwest::Client, base: &str, path: &str, body: Value) -> (StatusCode, Value) {
+pub(super) async fn post(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: Value,
+) -> (StatusCode, Value) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match http.post(format!("{base}{path}")).json(&body).send().await {
@@ -187,7 +192,7 @@ async fn post(http: &reqwest::Client, base: &str, path: &str, body: Value) -> (S
 }
 
 /// What clients were told: id → (state, actual units).
-type Acked = BTreeMap<String, (String, Option<u64>)>;
+pub(super) type Acked = BTreeMap<String, (String, Option<u64>)>;
 
 /// reserve → start → settle for `ids`, each step through a different node.
 async fn cycles(http: &reqwest::Client, bases: &[String], ids: &[String], acked: &mut Acked) {
@@ -239,9 +244,9 @@ struct Fenced {
 }
 
 /// What the topic says after the run.
-struct Replay {
+pub(super) struct Replay {
     /// Reservation id → (state, actual units), from the records that count.
-    found: HashMap<String, (String, Option<u64>)>,
+    pub(super) found: HashMap<String, (String, Option<u64>)>,
     /// Entries the rule skipped: claims and fenced records.
     skipped: u64,
     /// Every record the rule skipped, read from the raw topic.
@@ -334,7 +339,7 @@ async fn read_raw(log: &KafkaLog, p: u32) -> (Vec<u64>, Vec<Fenced>, HashMap<Str
 /// Replays the whole topic through the one validity rule and crates/core;
 /// checks conservation everywhere and that every acknowledged step counts.
 /// Also reads the raw topic, to find (and check) what the rule skipped.
-async fn replay_and_check(brokers: &str, topic: &str, acked: &Acked) -> Replay {
+pub(super) async fn replay_and_check(brokers: &str, topic: &str, acked: &Acked) -> Replay {
     let mut config = KafkaConfig::new(brokers, "cluster-test-reader");
     config.topic = topic.to_string();
     let log = KafkaLog::connect(config).await.expect("reader");
