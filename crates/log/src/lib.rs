@@ -175,6 +175,24 @@ pub trait EventLog: EventReader {
         false
     }
 
+    /// Confirms that `claim` still holds `log_partition`: no newer claim was
+    /// written there. A writer asks before it answers from its memory alone
+    /// (a refusal, a retry answered from its record) when it appended
+    /// nothing: appends are fenced, and without this a writer whose claim was
+    /// superseded (a paused node, a take-over that left the old process
+    /// running) would answer from stale state. `Err(Fenced)` when superseded.
+    /// The default confirms at once: a log only one process can open (the
+    /// embedded log holds RocksDB's lock) cannot be claimed under a running
+    /// writer.
+    fn confirm_claim(
+        &self,
+        log_partition: u32,
+        claim: &Claim,
+    ) -> impl Future<Output = Result<(), LogError>> + Send {
+        let _ = (log_partition, claim);
+        async { Ok(()) }
+    }
+
     /// Claims `log_partition` again for this writer (a new epoch), after an
     /// append left it in doubt: the writer then rebuilds its state from the log
     /// up to the new claim. Logs that cannot re-claim in process say so.

@@ -351,6 +351,15 @@ impl EventLog for MemoryLog {
         self.ordered
     }
 
+    /// Superseded: a later claim than `claim` is in the log.
+    async fn confirm_claim(&self, log_partition: u32, claim: &Claim) -> Result<(), LogError> {
+        check_partition(log_partition)?;
+        match self.latest_claim() {
+            Some(latest) if latest == *claim => Ok(()),
+            _ => Err(fenced(&claim.writer_id)),
+        }
+    }
+
     /// Claims again for the writer of the latest claim.
     async fn reclaim(&self, _log_partition: u32) -> Result<Claim, LogError> {
         match self.latest_claim() {

@@ -8,7 +8,9 @@
 //!   it admitted anyway.
 //! - `reservoir_rejections_total{code}`: every other answered rejection, by problem code.
 //! - `reservoir_batch_commands`, `reservoir_batch_records`: group-commit batch sizes.
-//! - `reservoir_append_seconds`: log append latency; `reservoir_append_failures_total`.
+//! - `reservoir_append_seconds`: log append latency; `reservoir_append_failures_total`;
+//!   `reservoir_claim_unconfirmed_total`: batches that appended nothing and whose
+//!   answers were withheld (503) because the writer could not confirm its claim.
 //! - `reservoir_reservation_efficiency{route}`: settled ÷ reserved, per settlement.
 //! - `reservoir_reservations_in_memory`: records the writers hold (open ones and
 //!   finished ones inside the idempotency window); `reservoir_reservations_evicted_total`:

@@ -40,10 +40,10 @@ struct Cli {
     /// One run: prints its whole trace, not only the last lines.
     #[arg(long)]
     trace: bool,
-    /// Also take the log over while the old process runs on (a zombie
-    /// writer): finds stale answers today (see the crate docs).
+    /// Never take the log over while the old process runs on (zombie
+    /// writers are on by default).
     #[arg(long)]
-    zombies: bool,
+    no_zombies: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         steps: cli.steps,
         plant: cli.plant,
         keep_trace: cli.trace && cli.interleavings.is_none(),
-        zombies: cli.zombies,
+        zombies: !cli.no_zombies,
     };
     match cli.interleavings {
         None => one(&cli, &config),

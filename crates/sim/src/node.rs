@@ -146,6 +146,10 @@ impl EventLog for SimLog {
         self.inner.reclaim(log_partition).await
     }
 
+    async fn confirm_claim(&self, log_partition: u32, claim: &Claim) -> Result<(), LogError> {
+        self.inner.confirm_claim(log_partition, claim).await
+    }
+
     fn append(
         &self,
         batch: Vec<Record>,

@@ -93,9 +93,8 @@ pub struct RunConfig {
     pub plant: Option<Plant>,
     /// Keep the whole trace in the outcome (else its last lines only).
     pub keep_trace: bool,
-    /// Take-overs that leave the old process running (a zombie). Off by
-    /// default: a zombie answers rejections from its stale memory before
-    /// any append fences it, which the checker reports (see the crate docs).
+    /// Take-overs that leave the old process running (a zombie), on by
+    /// default (see "What it found" in the crate docs).
     pub zombies: bool,
 }
 
@@ -105,7 +104,7 @@ impl RunConfig {
             steps,
             plant: None,
             keep_trace: false,
-            zombies: false,
+            zombies: true,
         }
     }
 }

@@ -333,41 +333,91 @@ impl KafkaLog {
         }
         if *scanned_to <= last && lost_at.is_none() {
             let until = self.standing(log_partition).acknowledged_to.max(last + 1);
-            let mut entries_seen = *scanned_to;
-            while entries_seen < until {
-                let want = usize::try_from(until - entries_seen)
-                    .unwrap_or(usize::MAX)
-                    .min(fence::ValidReader::READ_ENTRIES_MAX);
-                let read = match self.read_claims(log_partition, entries_seen, want).await {
-                    Ok(read) => read,
-                    Err(error) => {
-                        // Written and acknowledged, but whether they count is unknown.
-                        self.put_in_doubt(log_partition, &error);
-                        return Err(error);
-                    }
-                };
-                self.inner
-                    .read_back_entries
-                    .fetch_add(read.len() as u64, Ordering::Relaxed);
-                for (position, claim) in read {
-                    entries_seen = position.offset + 1;
-                    let Some(claim) = claim else { continue };
-                    let verdict = validity.observe(&LogEntry::Claim(claim));
-                    if verdict == Verdict::ClaimAccepted && lost_at.is_none() {
-                        warn!(log_partition, offset = position.offset, by = ?validity.current_claim(), "fenced by a newer claim");
-                        *lost_at = Some(position.offset);
-                        self.standing(log_partition).fenced();
-                    }
-                }
+            if let Err(error) = self
+                .scan_claims(log_partition, validity, scanned_to, lost_at, until)
+                .await
+            {
+                // Written and acknowledged, but whether they count is unknown.
+                self.put_in_doubt(log_partition, &error);
+                return Err(error);
             }
-            *scanned_to = entries_seen;
-            self.inner.rest_reader(log_partition);
         }
         let first = offsets[0];
         assert!(first > *claim_offset, "our records come after our claim");
         match *lost_at {
             Some(lost) if lost < last => Err(fenced),
             _ => Ok(()),
+        }
+    }
+}
+
+impl KafkaLog {
+    /// Reads the claims of `log_partition` from `scanned_to` up to `until`
+    /// into `validity`; the first newer claim it accepts sets `lost_at`.
+    async fn scan_claims(
+        &self,
+        log_partition: u32,
+        validity: &mut fence::Validity,
+        scanned_to: &mut u64,
+        lost_at: &mut Option<u64>,
+        until: u64,
+    ) -> Result<(), LogError> {
+        let mut entries_seen = *scanned_to;
+        while entries_seen < until {
+            let want = usize::try_from(until - entries_seen)
+                .unwrap_or(usize::MAX)
+                .min(fence::ValidReader::READ_ENTRIES_MAX);
+            let read = self.read_claims(log_partition, entries_seen, want).await?;
+            self.inner
+                .read_back_entries
+                .fetch_add(read.len() as u64, Ordering::Relaxed);
+            for (position, claim) in read {
+                entries_seen = position.offset + 1;
+                let Some(claim) = claim else { continue };
+                let verdict = validity.observe(&LogEntry::Claim(claim));
+                if verdict == Verdict::ClaimAccepted && lost_at.is_none() {
+                    warn!(log_partition, offset = position.offset, by = ?validity.current_claim(), "fenced by a newer claim");
+                    *lost_at = Some(position.offset);
+                    self.standing(log_partition).fenced();
+                }
+            }
+        }
+        *scanned_to = entries_seen;
+        self.inner.rest_reader(log_partition);
+        Ok(())
+    }
+
+    /// [`EventLog::confirm_claim`]: reads the partition from where the last
+    /// read-back stopped to its end, for a claim newer than ours.
+    async fn confirm(&self, log_partition: u32, claim: &Claim) -> Result<(), LogError> {
+        let until = self.end_offset(log_partition).await?;
+        let mut ownership = self.inner.ownership[log_partition as usize].lock().await;
+        let fenced = LogError::Fenced {
+            writer_id: self.inner.config.writer_id.clone(),
+            log_partition,
+        };
+        let Ownership::Held {
+            claim: held,
+            validity,
+            scanned_to,
+            lost_at,
+            ..
+        } = &mut *ownership
+        else {
+            return Err(fenced);
+        };
+        if held != claim {
+            return Err(LogError::Unavailable(format!(
+                "log partition {log_partition} was claimed again since this answer was decided"
+            )));
+        }
+        if lost_at.is_none() && *scanned_to < until {
+            self.scan_claims(log_partition, validity, scanned_to, lost_at, until)
+                .await?;
+        }
+        match lost_at {
+            Some(_) => Err(fenced),
+            None => Ok(()),
         }
     }
 }
@@ -389,6 +439,11 @@ impl EventLog for KafkaLog {
     /// A new claim clears the in-doubt state of the partition.
     async fn reclaim(&self, log_partition: u32) -> Result<Claim, LogError> {
         self.claim(log_partition).await
+    }
+
+    async fn confirm_claim(&self, log_partition: u32, claim: &Claim) -> Result<(), LogError> {
+        self.check_partition(log_partition)?;
+        self.confirm(log_partition, claim).await
     }
 
     fn append(

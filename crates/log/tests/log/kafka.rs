@@ -357,6 +357,60 @@ async fn zombie_writer_gets_nothing_acknowledged_and_nothing_counted() {
     );
 }
 
+/// A writer confirms its claim before it answers from memory alone (a
+/// refusal, a retry answered from its record): while it holds the partition
+/// it is confirmed, with nothing appended; once a newer claim is in the
+/// partition it is `Fenced`, and stays so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_writer_cannot_confirm_its_claim() {
+    let brokers = require_broker!();
+    let topic = unique_topic("confirm");
+    let zombie = claimed_writer(config(&brokers, &topic, "zombie", 1)).await;
+    let claim = zombie.held_claim(0).await.unwrap();
+    zombie
+        .append(vec![fixtures::record(
+            "tenant-z",
+            "zombie",
+            claim.epoch,
+            1,
+            2,
+        )])
+        .await
+        .unwrap();
+    let end = zombie.end_offset(0).await.unwrap();
+    zombie.confirm_claim(0, &claim).await.expect("still held");
+    assert_eq!(
+        zombie.end_offset(0).await.unwrap(),
+        end,
+        "confirming writes nothing"
+    );
+
+    let usurper = claimed_writer(config(&brokers, &topic, "usurper", 1)).await;
+    let newer = usurper.held_claim(0).await.unwrap();
+    for _ in 0..2 {
+        let confirmed = zombie.confirm_claim(0, &claim).await;
+        assert!(
+            matches!(confirmed, Err(LogError::Fenced { .. })),
+            "{confirmed:?}"
+        );
+    }
+    usurper
+        .confirm_claim(0, &newer)
+        .await
+        .expect("the newer claim holds");
+    // The zombie's appends are refused too, as before.
+    let result = zombie
+        .append(vec![fixtures::record(
+            "tenant-z",
+            "zombie",
+            claim.epoch,
+            2,
+            2,
+        )])
+        .await;
+    assert!(is_fenced(&result), "{result:?}");
+}
+
 pub async fn raw_produce(brokers: &str, topic: &str, partition: i32, entry: &LogEntry) -> i64 {
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let producer: FutureProducer = rdkafka::ClientConfig::new()

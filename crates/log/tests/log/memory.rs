@@ -157,3 +157,19 @@ async fn a_zombie_s_first_batch_lands_and_later_ones_write_nothing() {
         assert_eq!(log.append(vec![record]).await.unwrap().len(), 1);
     }
 }
+
+/// A writer confirms its claim before answering from memory alone: the
+/// holder of the latest claim is confirmed, a superseded one is `Fenced`.
+#[tokio::test]
+async fn only_the_latest_claim_is_confirmed() {
+    let log = MemoryLog::new();
+    let old = log.claim("zombie");
+    log.confirm_claim(0, &old).await.expect("the only claim");
+    let new = log.claim("usurper");
+    assert!(matches!(
+        log.confirm_claim(0, &old).await,
+        Err(LogError::Fenced { .. })
+    ));
+    log.confirm_claim(0, &new).await.expect("the latest claim");
+    assert!(log.confirm_claim(1, &new).await.is_err(), "one partition");
+}

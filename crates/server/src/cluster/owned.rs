@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use reservoir_core::PartitionKey;
 use reservoir_log::kafka::KafkaLog;
-use reservoir_log::{EventLog, EventReader, LogEntry, LogError, Position, Record};
+use reservoir_log::{Claim, EventLog, EventReader, LogEntry, LogError, Position, Record};
 use tokio::sync::watch;
 
 use super::{Node, SlotState};
@@ -100,6 +100,15 @@ impl EventLog for OnePartition {
     /// returns (the writer pipelines on it).
     fn ordered_appends(&self) -> bool {
         self.log.ordered_appends()
+    }
+
+    async fn confirm_claim(&self, log_partition: u32, claim: &Claim) -> Result<(), LogError> {
+        assert_eq!(log_partition, 0, "a one-partition view");
+        let confirmed = self.log.confirm_claim(self.p, claim).await;
+        if let Err(err @ LogError::Fenced { .. }) = &confirmed {
+            self.trouble.send_replace(Some(err.to_string()));
+        }
+        confirmed
     }
 
     fn append(

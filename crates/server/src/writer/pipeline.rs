@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use reservoir_core::{EventBody, PartitionKey, Reservation, ReservationId, Savepoint};
-use reservoir_log::{EventLog, LogError, Position, Record};
+use reservoir_log::{Claim, EventLog, LogError, Position, Record};
 use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::{Answer, Envelope, Failure, Reply, Request};
@@ -89,6 +89,26 @@ type AppendFuture<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Vec<Position>, LogError>> + Send + 'a>,
 >;
 
+type ConfirmFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LogError>> + Send + 'a>>;
+
+/// Whether `request`'s answer is a decision from the writer's state (a
+/// write, its refusal, or a retry answered from its record), which a batch
+/// that appends nothing must confirm its claim for before answering (see
+/// [`EventLog::confirm_claim`]). Reads and the operator's views are not.
+fn decided_from_state(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::Reserve { .. }
+            | Request::Act { .. }
+            | Request::Settle { .. }
+            | Request::Publish { .. }
+            | Request::Rollback { .. }
+            | Request::IssueShard(_)
+            | Request::ReconcileShard(_)
+    )
+}
+
 /// A decided batch whose append has been handed to the log.
 struct InFlight<'a> {
     /// Sequence number of the batch in its shard (see `PositionFrom::Earlier`).
@@ -102,6 +122,9 @@ struct InFlight<'a> {
     pendings: Vec<(oneshot::Sender<Reply>, Pending)>,
     /// `None`: nothing to append (reads, idempotent repeats); answered in order.
     append: Option<AppendFuture<'a>>,
+    /// Appends nothing but answers decisions from state: the claim is
+    /// confirmed first (when the batch reaches the front).
+    confirm: Option<ConfirmFuture<'a>>,
     result: Option<Result<Vec<Position>, LogError>>,
     started: Instant,
 }
@@ -301,7 +324,9 @@ impl Shard {
             self.half_moves_checked = true;
         }
         let mut pendings = Vec::with_capacity(envelopes.len());
+        let mut from_state = false;
         for Envelope { request, reply } in envelopes {
+            from_state |= decided_from_state(&request);
             let pending = self.decide_one(&mut batch, request);
             pendings.push((reply, pending));
         }
@@ -328,6 +353,27 @@ impl Shard {
                 ))))),
             }
         };
+        let confirm: Option<ConfirmFuture<'a>> = match log {
+            Some(log) if from_state && batch.records.is_empty() => {
+                let claims: Vec<(u32, Claim)> = self
+                    .claim_epochs
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &epoch)| epoch > 0)
+                    .map(|(p, &epoch)| {
+                        let writer_id = self.writer_id.clone();
+                        (p as u32, Claim { writer_id, epoch })
+                    })
+                    .collect();
+                Some(Box::pin(async move {
+                    for (p, claim) in &claims {
+                        log.confirm_claim(*p, claim).await?;
+                    }
+                    Ok(())
+                }))
+            }
+            _ => None,
+        };
         InFlight {
             seq,
             pause_after: batch.pause_after,
@@ -336,6 +382,7 @@ impl Shard {
             evicted: batch.evicted,
             pendings,
             append,
+            confirm,
             result: None,
             started: Instant::now(),
         }
@@ -369,6 +416,12 @@ impl Shard {
             let seq = flight.seq;
             self.in_flight_positions
                 .retain(|_, (batch, _)| *batch != seq);
+        }
+        if let Some(confirm) = flight.confirm.take() {
+            if let Err(err) = confirm.await {
+                self.unconfirmed(flight, &err);
+                return;
+            }
         }
 
         for (record, position) in flight.records.iter().zip(&positions) {
@@ -501,6 +554,24 @@ impl Shard {
                     "log append failed: {err}"
                 ))));
             }
+        }
+    }
+
+    /// A batch that appended nothing could not confirm this writer's claim:
+    /// its answers, decided from state another writer may have changed
+    /// since, are withheld (503, retry). Nothing was written or changed, so
+    /// nothing is undone; superseded (`Fenced`), the writer stops as after a
+    /// fenced append.
+    fn unconfirmed(&self, flight: InFlight<'_>, err: &LogError) {
+        tracing::warn!(shard = self.id, %err, "claim not confirmed; answers withheld");
+        metrics::counter!("reservoir_claim_unconfirmed_total").increment(1);
+        if matches!(err, LogError::Fenced { .. }) {
+            self.report_failure(err);
+        }
+        for (reply, _) in flight.pendings {
+            let _ = reply.send(Err(Failure::Unavailable(format!(
+                "this writer could not confirm it still holds the log: {err}"
+            ))));
         }
     }
 
