@@ -92,21 +92,14 @@ type AppendFuture<'a> = std::pin::Pin<
 type ConfirmFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LogError>> + Send + 'a>>;
 
-/// Whether `request`'s answer is a decision from the writer's state (a
-/// write, its refusal, or a retry answered from its record), which a batch
-/// that appends nothing must confirm its claim for before answering (see
-/// [`EventLog::confirm_claim`]). Reads and the operator's views are not.
-fn decided_from_state(request: &Request) -> bool {
-    matches!(
-        request,
-        Request::Reserve { .. }
-            | Request::Act { .. }
-            | Request::Settle { .. }
-            | Request::Publish { .. }
-            | Request::Rollback { .. }
-            | Request::IssueShard(_)
-            | Request::ReconcileShard(_)
-    )
+/// What a batch that appends nothing must confirm before it answers (see
+/// [`EventLog::confirm_claim`]): the log partitions whose state its
+/// decisions came from.
+enum Confirm {
+    Partitions(std::collections::BTreeSet<u32>),
+    /// A decision whose partition is not known (no active policy yet): every
+    /// log partition this writer holds.
+    All,
 }
 
 /// A decided batch whose append has been handed to the log.
@@ -324,9 +317,9 @@ impl Shard {
             self.half_moves_checked = true;
         }
         let mut pendings = Vec::with_capacity(envelopes.len());
-        let mut from_state = false;
+        let mut confirm = Confirm::Partitions(Default::default());
         for Envelope { request, reply } in envelopes {
-            from_state |= decided_from_state(&request);
+            self.note_confirm(&mut confirm, &request);
             let pending = self.decide_one(&mut batch, request);
             pendings.push((reply, pending));
         }
@@ -353,24 +346,32 @@ impl Shard {
                 ))))),
             }
         };
-        let confirm: Option<ConfirmFuture<'a>> = match log {
-            Some(log) if from_state && batch.records.is_empty() => {
+        let confirm: Option<ConfirmFuture<'a>> = match (log, confirm) {
+            (Some(log), confirm) if batch.records.is_empty() => {
                 let claims: Vec<(u32, Claim)> = self
                     .claim_epochs
                     .iter()
                     .enumerate()
-                    .filter(|&(_, &epoch)| epoch > 0)
+                    .filter(|&(p, &epoch)| {
+                        let wanted = match &confirm {
+                            Confirm::All => true,
+                            Confirm::Partitions(ps) => ps.contains(&(p as u32)),
+                        };
+                        wanted && epoch > 0
+                    })
                     .map(|(p, &epoch)| {
                         let writer_id = self.writer_id.clone();
                         (p as u32, Claim { writer_id, epoch })
                     })
                     .collect();
-                Some(Box::pin(async move {
-                    for (p, claim) in &claims {
-                        log.confirm_claim(*p, claim).await?;
-                    }
-                    Ok(())
-                }))
+                (!claims.is_empty()).then(|| -> ConfirmFuture<'a> {
+                    Box::pin(async move {
+                        for (p, claim) in &claims {
+                            log.confirm_claim(*p, claim).await?;
+                        }
+                        Ok(())
+                    })
+                })
             }
             _ => None,
         };
@@ -554,6 +555,35 @@ impl Shard {
                     "log append failed: {err}"
                 ))));
             }
+        }
+    }
+
+    /// Adds what `request`'s answer depends on to `confirm`, if it is a
+    /// decision from the writer's state (a write, its refusal, or a retry
+    /// answered from its record). Reads and the operator's views are not.
+    fn note_confirm(&self, confirm: &mut Confirm, request: &Request) {
+        let active = |subject: &str, route: &str| {
+            self.state
+                .active
+                .get(&(subject.to_string(), route.to_string()))
+                .cloned()
+        };
+        let key = match request {
+            Request::Reserve { subject, route, .. } | Request::Rollback { subject, route, .. } => {
+                active(subject, route)
+            }
+            Request::Publish { policy, .. } => active(&policy.subject, &policy.route),
+            Request::IssueShard(issue) => active(&issue.subject, &issue.route),
+            Request::Act { key, .. } | Request::Settle { key, .. } => Some(key.clone()),
+            Request::ReconcileShard(reconcile) => Some(reconcile.presented.source.clone()),
+            _ => return,
+        };
+        match (key, &mut *confirm) {
+            (_, Confirm::All) => {}
+            (Some(key), Confirm::Partitions(ps)) => {
+                ps.insert((self.log_partition_for)(&key));
+            }
+            (None, _) => *confirm = Confirm::All,
         }
     }
 

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use crate::kafka::brokers;
 use crate::support::*;
 
-pub(super) const SESSION_TIMEOUT_MS: &str = "6000";
+const SESSION_TIMEOUT_MS: &str = "6000";
 pub(super) const PARTITIONS: u32 = 6;
 
 pub(super) struct Node {
@@ -45,7 +45,7 @@ impl Drop for Node {
     }
 }
 
-pub(super) fn free_port() -> u16 {
+fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -67,7 +67,7 @@ fn server_bin() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_reservoir").to_string())
 }
 
-pub(super) fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
+fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
     let data = tempfile::tempdir().unwrap();
     let delay = if id == "n2" {
         N2_LOST_REVOKE_DELAY_MS
@@ -159,7 +159,7 @@ async fn wait_served(
 /// [`wait_served`] as seen by every node in `bases`: a node routes by its own
 /// view, so a test that reads through a node waits for that node's view, not
 /// only another's.
-pub(super) async fn wait_served_by_all(
+async fn wait_served_by_all(
     http: &reqwest::Client,
     bases: &[String],
     owners: &[&str],
@@ -407,34 +407,40 @@ pub(super) async fn replay_and_check(brokers: &str, topic: &str, acked: &Acked) 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_nodes_split_route_fail_over_and_fence() {
-    let Some(brokers) = brokers() else { return };
+/// A topic no earlier run used (`reservoir.<name>.…`), and a node per id on
+/// it, each other's peers on free ports, once every node sees every one of
+/// them serving. Returns the topic, the nodes' URLs and the nodes.
+pub(super) async fn start_cluster(
+    brokers: &str,
+    name: &str,
+    ids: &[&str],
+) -> (String, Vec<String>, Vec<Option<Node>>) {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let topic = format!("reservoir.cluster-test.{}.{nanos}", std::process::id());
-    let ports = [free_port(), free_port(), free_port()];
+    let topic = format!("reservoir.{name}.{}.{nanos}", std::process::id());
+    let ports: Vec<u16> = ids.iter().map(|_| free_port()).collect();
     let bases: Vec<String> = ports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect();
     let peers = bases.join(",");
-    let mut nodes: Vec<Option<Node>> = ["n1", "n2", "n3"]
+    let nodes = ids
         .iter()
         .zip(ports)
-        .map(|(id, port)| Some(spawn_node(&brokers, &topic, id, port, &peers)))
+        .map(|(id, port)| Some(spawn_node(brokers, &topic, id, port, &peers)))
         .collect();
+    wait_served_by_all(&client(), &bases, ids, true, Duration::from_secs(60)).await;
+    (topic, bases, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_split_route_fail_over_and_fence() {
+    let Some(brokers) = brokers() else { return };
+    let (topic, bases, mut nodes) =
+        start_cluster(&brokers, "cluster-test", &["n1", "n2", "n3"]).await;
     let http = client();
-    wait_served_by_all(
-        &http,
-        &bases,
-        &["n1", "n2", "n3"],
-        true,
-        Duration::from_secs(60),
-    )
-    .await;
     // Every node holds some partitions.
     let view: Value = http
         .get(format!("{}/v1/cluster", bases[1]))

@@ -7,7 +7,7 @@
 //! and its reserve completes once the partition is taken over. Every
 //! acknowledged step is in the topic afterwards, and conservation holds.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use reservoir_client::{
@@ -38,24 +38,8 @@ async fn forwarded(http: &reqwest::Client, base: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_given_the_nodes_goes_to_the_owner_and_back_when_it_dies() {
     let Some(brokers) = brokers() else { return };
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let topic = format!("reservoir.cluster-client.{}.{nanos}", std::process::id());
-    let ports = [free_port(), free_port()];
-    let bases: Vec<String> = ports
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect();
-    let peers = bases.join(",");
-    let mut nodes: Vec<Option<Node>> = ["c1", "c2"]
-        .iter()
-        .zip(ports)
-        .map(|(id, port)| Some(spawn_node(&brokers, &topic, id, port, &peers)))
-        .collect();
+    let (topic, bases, mut nodes) = start_cluster(&brokers, "cluster-client", &["c1", "c2"]).await;
     let http = client();
-    wait_served_by_all(&http, &bases, &["c1", "c2"], true, Duration::from_secs(60)).await;
 
     // A subject whose partition c2 serves; the client is configured with c1.
     let view: Value = http
