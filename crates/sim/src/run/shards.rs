@@ -313,7 +313,7 @@ impl World {
                 let shard = self
                     .node
                     .writers
-                    .shard_of(TENANTS[self.shards[s].tenant].name, "embed");
+                    .shard_of(TENANTS[self.shards[s].tenant].name, Route::Embed.name());
                 self.probes.push((s, shard, request));
             }
         }
