@@ -17,7 +17,7 @@ use crate::error::Error;
 use crate::fallback::Fallback;
 use crate::http::{problem, rejected, Exchange};
 use crate::lease::{Hold, Reservation};
-use crate::owners::Owners;
+use crate::owners::{About, Owners};
 use crate::retry::{self, Attempt, RetryPolicy};
 use crate::types::{
     path_segment, ActivePolicyBody, OperationId, Receipt, ReservationId, ReserveRequest, RouteInfo,
@@ -102,7 +102,7 @@ pub(crate) struct Inner {
     fallback: Option<Arc<dyn Fallback>>,
     pub(crate) token: Option<String>,
     /// Owners learnt from forwarded answers (`None`: no cluster nodes given).
-    owners: Option<Owners>,
+    pub(crate) owners: Option<Owners>,
 }
 
 impl Client {
@@ -220,22 +220,15 @@ impl Client {
                 let body = &body;
                 let maybe_reached = &maybe_reached;
                 async move {
-                    let owner = self.owner_of(Route(&request.subject, &request.route));
                     let exchange = self
-                        .exchange_at(
-                            owner.as_deref(),
+                        .exchange_about(
+                            About::reserve(id, request),
                             reqwest::Method::POST,
                             "/v1/reservations",
                             Some(body),
                             timeout,
                         )
                         .await;
-                    self.learn(
-                        &exchange,
-                        owner,
-                        Some((&request.subject, &request.route)),
-                        id.as_str(),
-                    );
                     // A 503 may come from a writer that appended and was then fenced.
                     let reached = match &exchange {
                         Exchange::Lost { maybe_sent, .. } => *maybe_sent,
@@ -338,11 +331,15 @@ impl Client {
             |timeout| {
                 let path = &path;
                 async move {
-                    let owner = self.owner_of(Id(id.as_str()));
                     let exchange = self
-                        .exchange_at(owner.as_deref(), reqwest::Method::GET, path, None, timeout)
+                        .exchange_about(
+                            About::reservation(id),
+                            reqwest::Method::GET,
+                            path,
+                            None,
+                            timeout,
+                        )
                         .await;
-                    self.learn(&exchange, owner, None, id.as_str());
                     match exchange {
                         Exchange::Answer { status, body, .. }
                             if status == StatusCode::NOT_FOUND =>
@@ -460,17 +457,15 @@ impl Client {
             &self.inner.retry,
             step,
             |timeout| async move {
-                let owner = self.owner_of(Id(id.as_str()));
                 let exchange = self
-                    .exchange_at(
-                        owner.as_deref(),
+                    .exchange_about(
+                        About::reservation(id),
                         reqwest::Method::POST,
                         path,
                         Some(body),
                         timeout,
                     )
                     .await;
-                self.learn(&exchange, owner, None, id.as_str());
                 self.classify(exchange)
             },
             Error::Unavailable,
@@ -482,72 +477,16 @@ impl Client {
         Ok(receipt)
     }
 
-    /// The owner learnt for a subject/route or a reservation (`None`: the
-    /// configured URL).
-    fn owner_of(&self, what: OwnerOf<'_>) -> Option<Arc<str>> {
-        let owners = self.inner.owners.as_ref()?;
-        match what {
-            Route(subject, route) => owners.of_route(subject, route),
-            Id(id) => owners.of_id(id),
-        }
-    }
-
-    /// What an exchange at `asked` (an owner, or the configured URL when
-    /// `None`) teaches: a forwarded answer names the owner of the request's
-    /// subject/route and reservation; an owner that answered itself keeps
-    /// the reservation; one that failed or answered 503 is forgotten.
-    fn learn(
-        &self,
-        exchange: &Exchange,
-        asked: Option<Arc<str>>,
-        route: Option<(&str, &str)>,
-        id: &str,
-    ) {
-        let Some(owners) = &self.inner.owners else {
-            return;
-        };
-        let owner = match exchange {
-            Exchange::Answer { status, .. } if *status == StatusCode::SERVICE_UNAVAILABLE => {
-                if let Some(node) = asked {
-                    owners.forget(&node);
-                }
-                return;
-            }
-            Exchange::Answer {
-                served_by: Some(url),
-                ..
-            } => owners.listed(url),
-            Exchange::Answer { .. } => asked,
-            Exchange::Lost { .. } => {
-                if let Some(node) = asked {
-                    owners.forget(&node);
-                }
-                return;
-            }
-        };
-        if let Some(node) = owner {
-            if let Some((subject, route)) = route {
-                owners.learn_route(subject, route, node.clone());
-            }
-            owners.learn_id(id, node);
-        }
-    }
-
-    /// The owner [`Client::learn`]t for a subject/route, if any (cluster
-    /// mode with [`ClientBuilder::cluster_nodes`]).
+    /// The owner learnt for a subject/route, if any (cluster mode with
+    /// [`ClientBuilder::cluster_nodes`]; see [`crate::owners`]).
     pub fn owner_of_route(&self, subject: &str, route: &str) -> Option<String> {
-        self.owner_of(Route(subject, route)).map(|n| n.to_string())
+        let owners = self.inner.owners.as_ref()?;
+        owners.of_route(subject, route).map(|n| n.to_string())
     }
 
     /// The owner learnt for reservation `id`, if any.
     pub fn owner_of_reservation(&self, id: &ReservationId) -> Option<String> {
-        self.owner_of(Id(id.as_str())).map(|n| n.to_string())
+        let owners = self.inner.owners.as_ref()?;
+        owners.of_id(id.as_str()).map(|n| n.to_string())
     }
 }
-
-/// What an owner is looked up by.
-enum OwnerOf<'a> {
-    Route(&'a str, &'a str),
-    Id(&'a str),
-}
-use OwnerOf::{Id, Route};

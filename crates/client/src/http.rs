@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::client::Client;
 use crate::error::Error;
+use crate::owners::About;
 use crate::retry::Attempt;
 use crate::types::Problem;
 
@@ -38,9 +39,29 @@ impl Client {
         self.exchange_at(None, method, path, body, timeout).await
     }
 
-    /// [`Client::exchange`] with the node `at` (an owner learnt, see
-    /// [`crate::owners`]) instead of the configured URL.
-    pub(crate) async fn exchange_at(
+    /// One exchange about a reservation: at the owner learnt for it, if
+    /// any, and what the answer teaches about owners (see [`crate::owners`]).
+    pub(crate) async fn exchange_about(
+        &self,
+        about: About<'_>,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Exchange {
+        let owners = self.inner.owners.as_ref();
+        let owner = owners.and_then(|o| o.of(&about));
+        let exchange = self
+            .exchange_at(owner.as_deref(), method, path, body, timeout)
+            .await;
+        if let Some(owners) = owners {
+            owners.learn(&exchange, owner, &about);
+        }
+        exchange
+    }
+
+    /// [`Client::exchange`] at the node `at` instead of the configured URL.
+    async fn exchange_at(
         &self,
         at: Option<&str>,
         method: reqwest::Method,

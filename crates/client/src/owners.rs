@@ -19,11 +19,40 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use reqwest::StatusCode;
+
+use crate::http::Exchange;
+use crate::types::{ReservationId, ReserveRequest};
+
 /// The header a forwarding node sets: the owner's URL.
 pub const SERVED_BY: &str = "x-reservoir-served-by";
 
 /// Entries each map holds at most.
 pub const MAX_ENTRIES: usize = 65_536;
+
+/// What a request is about: its reservation, and for a reserve the
+/// subject/route (whose owner is looked up, and learnt, too).
+pub(crate) struct About<'a> {
+    id: &'a str,
+    route: Option<(&'a str, &'a str)>,
+}
+
+impl<'a> About<'a> {
+    pub(crate) fn reserve(id: &'a ReservationId, request: &'a ReserveRequest) -> Self {
+        About {
+            id: id.as_str(),
+            route: Some((&request.subject, &request.route)),
+        }
+    }
+
+    /// A later step of reservation `id` (start, settle, release, read).
+    pub(crate) fn reservation(id: &'a ReservationId) -> Self {
+        About {
+            id: id.as_str(),
+            route: None,
+        }
+    }
+}
 
 /// Owners learnt so far, and the nodes the client may follow.
 pub(crate) struct Owners {
@@ -51,6 +80,44 @@ impl Owners {
         self.nodes.iter().find(|n| &***n == url).cloned()
     }
 
+    /// Where a request `about` goes: the owner learnt for its subject/route
+    /// (a reserve) or its reservation; `None`: the configured URL.
+    pub(crate) fn of(&self, about: &About<'_>) -> Option<Arc<str>> {
+        match about.route {
+            Some((subject, route)) => self.of_route(subject, route),
+            None => self.of_id(about.id),
+        }
+    }
+
+    /// What an exchange at `asked` (an owner, or the configured URL when
+    /// `None`) teaches: a forwarded answer names the owner of the request's
+    /// subject/route and reservation; an owner that answered itself keeps
+    /// the reservation; one that failed or answered 503 is forgotten.
+    pub(crate) fn learn(&self, exchange: &Exchange, asked: Option<Arc<str>>, about: &About<'_>) {
+        let failed = match exchange {
+            Exchange::Lost { .. } => true,
+            Exchange::Answer { status, .. } => *status == StatusCode::SERVICE_UNAVAILABLE,
+        };
+        if failed {
+            if let Some(node) = asked {
+                self.forget(&node);
+            }
+            return;
+        }
+        let owner = match exchange {
+            Exchange::Answer {
+                served_by: Some(url),
+                ..
+            } => self.listed(url),
+            _ => asked,
+        };
+        let Some(node) = owner else { return };
+        if let Some((subject, route)) = about.route {
+            self.learn_route(subject, route, node.clone());
+        }
+        self.learn_id(about.id, node);
+    }
+
     pub(crate) fn of_route(&self, subject: &str, route: &str) -> Option<Arc<str>> {
         let routes = self.routes.lock().expect("owner map");
         routes
@@ -62,7 +129,7 @@ impl Owners {
         self.ids.lock().expect("owner map").get(id).cloned()
     }
 
-    pub(crate) fn learn_route(&self, subject: &str, route: &str, node: Arc<str>) {
+    fn learn_route(&self, subject: &str, route: &str, node: Arc<str>) {
         let mut routes = self.routes.lock().expect("owner map");
         if routes.len() >= MAX_ENTRIES {
             routes.clear();
@@ -70,7 +137,7 @@ impl Owners {
         routes.insert((subject.to_string(), route.to_string()), node);
     }
 
-    pub(crate) fn learn_id(&self, id: &str, node: Arc<str>) {
+    fn learn_id(&self, id: &str, node: Arc<str>) {
         let mut ids = self.ids.lock().expect("owner map");
         if ids.len() >= MAX_ENTRIES {
             ids.clear();

@@ -693,8 +693,9 @@ impl EventReader for EmbeddedLog {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take(from_offset, until, &mut dropped);
-        drop(dropped); // freed outside the lock, which the writer thread takes too
-                       // What the tail did not hold comes from the disk.
+        // Freed outside the lock, which the writer thread takes too.
+        drop(dropped);
+        // What the tail did not hold comes from the disk.
         let next = entries.last().map_or(from_offset, |(p, _)| p.offset + 1);
         if next < until {
             entries.extend(read_range(&self.db, next, until, |e| storage("read", e))?);

@@ -278,11 +278,9 @@ struct World {
     /// the calls admitted from them, the probes a restart left.
     gateways: Vec<Gateway>,
     shards: Vec<SimShard>,
-    shard_index: BTreeMap<String, usize>,
     local_calls: Vec<LocalCall>,
     probes: Vec<(usize, usize, Request)>,
     signer: Arc<reservoir_server::shards::ShardSigner>,
-    public_key: String,
     _dir: tempfile::TempDir,
 }
 
@@ -301,7 +299,7 @@ impl World {
             config.plant == Some(Plant::LostWrite),
         ));
         let clock = reservoir_server::clock::ManualClock::new(workload::START_MS);
-        let signer = shards::signer(dir.path())?;
+        let signer = shards::signer();
         let public_key = signer.public_key_hex();
         let gateways = (0..GATEWAYS)
             .map(|g| Gateway::new(g, 1, &public_key, &clock))
@@ -349,11 +347,9 @@ impl World {
             checker_index,
             gateways,
             shards: Vec::new(),
-            shard_index: BTreeMap::new(),
             local_calls: Vec::new(),
             probes: Vec::new(),
             signer,
-            public_key,
             _dir: dir,
         };
         world.note(format!(

@@ -143,10 +143,7 @@ impl KafkaLog {
                 log_partition,
                 reason: reason.clone(),
             }),
-            Admits::Fenced => Err(LogError::Fenced {
-                writer_id: self.inner.config.writer_id.clone(),
-                log_partition,
-            }),
+            Admits::Fenced => Err(self.fenced(log_partition)),
             Admits::Unclaimed => Err(LogError::Invalid(format!(
                 "log partition {log_partition} is not claimed by this writer"
             ))),
@@ -301,10 +298,7 @@ impl KafkaLog {
         offsets: &[u64],
     ) -> Result<(), LogError> {
         let mut ownership = self.inner.ownership[log_partition as usize].lock().await;
-        let fenced = LogError::Fenced {
-            writer_id: self.inner.config.writer_id.clone(),
-            log_partition,
-        };
+        let fenced = self.fenced(log_partition);
         let Ownership::Held {
             claim: held,
             claim_offset,
@@ -352,6 +346,14 @@ impl KafkaLog {
 }
 
 impl KafkaLog {
+    /// This writer was fenced out of `log_partition`.
+    fn fenced(&self, log_partition: u32) -> LogError {
+        LogError::Fenced {
+            writer_id: self.inner.config.writer_id.clone(),
+            log_partition,
+        }
+    }
+
     /// Reads the claims of `log_partition` from `scanned_to` up to `until`
     /// into `validity`; the first newer claim it accepts sets `lost_at`.
     async fn scan_claims(
@@ -392,10 +394,7 @@ impl KafkaLog {
     async fn confirm(&self, log_partition: u32, claim: &Claim) -> Result<(), LogError> {
         let until = self.end_offset(log_partition).await?;
         let mut ownership = self.inner.ownership[log_partition as usize].lock().await;
-        let fenced = LogError::Fenced {
-            writer_id: self.inner.config.writer_id.clone(),
-            log_partition,
-        };
+        let fenced = self.fenced(log_partition);
         let Ownership::Held {
             claim: held,
             validity,

@@ -4,6 +4,8 @@
 //! OpenAPI description. Bodies and views are in [`super::bodies`]. Handlers
 //! validate and translate; the writer decides (`crate::writer::shards`).
 
+use std::sync::Arc;
+
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -17,13 +19,11 @@ use utoipa::OpenApi;
 
 use super::bodies::*;
 use super::signing::BadSignature;
-use super::ShardSigner;
-use super::MAX_SHARD_TTL_MS;
+use super::{ShardSigner, MAX_SHARD_TTL_MS};
 use crate::api::{ApiJson, AppState};
 use crate::problem::{ApiError, Problem};
 use crate::writer::shards::{IssueShard, ReconcileShard};
 use crate::writer::{Answer, Request};
-use std::sync::Arc;
 
 /// Issue and reconcile: a gateway of the shard's subject, or an operator;
 /// listing: anyone who reads the subject; the public key: everyone.

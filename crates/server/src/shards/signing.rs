@@ -104,6 +104,15 @@ impl ShardSigner {
         })
     }
 
+    /// A key from its 32-byte seed, in memory only (the simulator's fixed
+    /// key: a run's signatures are the same on every replay).
+    pub fn from_seed(seed: [u8; 32]) -> Self {
+        ShardSigner {
+            key: SigningKey::from_bytes(&seed),
+            path: PathBuf::from("(in memory)"),
+        }
+    }
+
     /// Hex of the 32-byte public key.
     pub fn public_key_hex(&self) -> String {
         hex::encode(self.key.verifying_key().to_bytes())

@@ -319,7 +319,11 @@ impl Shard {
         let mut pendings = Vec::with_capacity(envelopes.len());
         let mut confirm = Confirm::Partitions(Default::default());
         for Envelope { request, reply } in envelopes {
-            self.note_confirm(&mut confirm, &request);
+            // Once the batch has a record, its append fences every answer in
+            // it and nothing needs confirming: the common case does no work.
+            if batch.records.is_empty() {
+                self.note_confirm(&mut confirm, &request);
+            }
             let pending = self.decide_one(&mut batch, request);
             pendings.push((reply, pending));
         }
@@ -346,31 +350,16 @@ impl Shard {
                 ))))),
             }
         };
-        let confirm: Option<ConfirmFuture<'a>> = match (log, confirm) {
-            (Some(log), confirm) if batch.records.is_empty() => {
-                let claims: Vec<(u32, Claim)> = self
-                    .claim_epochs
-                    .iter()
-                    .enumerate()
-                    .filter(|&(p, &epoch)| {
-                        let wanted = match &confirm {
-                            Confirm::All => true,
-                            Confirm::Partitions(ps) => ps.contains(&(p as u32)),
-                        };
-                        wanted && epoch > 0
-                    })
-                    .map(|(p, &epoch)| {
-                        let writer_id = self.writer_id.clone();
-                        (p as u32, Claim { writer_id, epoch })
-                    })
-                    .collect();
-                (!claims.is_empty()).then(|| -> ConfirmFuture<'a> {
+        let confirm = match log {
+            Some(log) if batch.records.is_empty() => {
+                let claims = self.claims_to_confirm(confirm);
+                (!claims.is_empty()).then(|| {
                     Box::pin(async move {
                         for (p, claim) in &claims {
                             log.confirm_claim(*p, claim).await?;
                         }
                         Ok(())
-                    })
+                    }) as ConfirmFuture<'a>
                 })
             }
             _ => None,
@@ -562,28 +551,46 @@ impl Shard {
     /// decision from the writer's state (a write, its refusal, or a retry
     /// answered from its record). Reads and the operator's views are not.
     fn note_confirm(&self, confirm: &mut Confirm, request: &Request) {
+        let Confirm::Partitions(partitions) = confirm else {
+            return;
+        };
+        let placed = |key: &PartitionKey| (self.log_partition_for)(key);
         let active = |subject: &str, route: &str| {
             self.state
                 .active
                 .get(&(subject.to_string(), route.to_string()))
-                .cloned()
+                .map(placed)
         };
-        let key = match request {
+        let partition = match request {
             Request::Reserve { subject, route, .. } | Request::Rollback { subject, route, .. } => {
                 active(subject, route)
             }
             Request::Publish { policy, .. } => active(&policy.subject, &policy.route),
             Request::IssueShard(issue) => active(&issue.subject, &issue.route),
-            Request::Act { key, .. } | Request::Settle { key, .. } => Some(key.clone()),
-            Request::ReconcileShard(reconcile) => Some(reconcile.presented.source.clone()),
+            Request::Act { key, .. } | Request::Settle { key, .. } => Some(placed(key)),
+            Request::ReconcileShard(reconcile) => Some(placed(&reconcile.presented.source)),
             _ => return,
         };
-        match (key, &mut *confirm) {
-            (_, Confirm::All) => {}
-            (Some(key), Confirm::Partitions(ps)) => {
-                ps.insert((self.log_partition_for)(&key));
+        match partition {
+            Some(p) => {
+                partitions.insert(p);
             }
-            (None, _) => *confirm = Confirm::All,
+            None => *confirm = Confirm::All,
+        }
+    }
+
+    /// This writer's claims on the log partitions `confirm` names.
+    fn claims_to_confirm(&self, confirm: Confirm) -> Vec<(u32, Claim)> {
+        let held = |p: u32| {
+            let epoch = self.claim_epochs.get(p as usize).copied().unwrap_or(0);
+            let writer_id = self.writer_id.clone();
+            (epoch > 0).then_some((p, Claim { writer_id, epoch }))
+        };
+        match confirm {
+            Confirm::All => (0..self.claim_epochs.len() as u32)
+                .filter_map(held)
+                .collect(),
+            Confirm::Partitions(partitions) => partitions.into_iter().filter_map(held).collect(),
         }
     }
 

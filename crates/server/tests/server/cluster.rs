@@ -156,6 +156,17 @@ async fn wait_served(
     panic!("partitions not served by {owners:?} in {timeout:?}: {last:#}");
 }
 
+/// `GET /v1/cluster` as `base` sees it.
+pub(super) async fn cluster_view(http: &reqwest::Client, base: &str) -> Value {
+    http.get(format!("{base}/v1/cluster"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// [`wait_served`] as seen by every node in `bases`: a node routes by its own
 /// view, so a test that reads through a node waits for that node's view, not
 /// only another's.
@@ -442,14 +453,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
         start_cluster(&brokers, "cluster-test", &["n1", "n2", "n3"]).await;
     let http = client();
     // Every node holds some partitions.
-    let view: Value = http
-        .get(format!("{}/v1/cluster", bases[1]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = cluster_view(&http, &bases[1]).await;
     for id in ["n1", "n2", "n3"] {
         assert!(
             view["partitions"]
@@ -520,14 +524,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     // serves, so when it wakes its writers decide them under claims n1 has
     // superseded; whatever it answers 2xx must count, and whatever it wrote
     // under a lost claim must not (checked on the raw topic below).
-    let view: Value = http
-        .get(format!("{}/v1/cluster", bases[0]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = cluster_view(&http, &bases[0]).await;
     let n2_partitions: Vec<u32> = view["partitions"]
         .as_array()
         .unwrap()

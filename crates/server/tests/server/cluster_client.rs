@@ -14,7 +14,7 @@ use reservoir_client::{
     OperationId, ReservationId, ReservationState, ReserveRequest, RetryPolicy, Settlement,
 };
 use reservoir_log::kafka::log_partition_of_route;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::cluster::*;
 use crate::kafka::brokers;
@@ -42,14 +42,7 @@ async fn a_client_given_the_nodes_goes_to_the_owner_and_back_when_it_dies() {
     let http = client();
 
     // A subject whose partition c2 serves; the client is configured with c1.
-    let view: Value = http
-        .get(format!("{}/v1/cluster", bases[0]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = cluster_view(&http, &bases[0]).await;
     let c2_serves = |p: u32| {
         view["partitions"]
             .as_array()

@@ -42,19 +42,9 @@ const SHARDS_PER_GATEWAY: usize = 3;
 /// signatures included, are the same on every replay).
 const SIGNING_SEED: [u8; 32] = [42; 32];
 
-/// The signer every node of a run shares, from [`SIGNING_SEED`], in `dir`.
-pub(super) fn signer(dir: &std::path::Path) -> Result<Arc<ShardSigner>, String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join("shard-signing.key");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .and_then(|mut f| f.write_all(hex::encode(SIGNING_SEED).as_bytes()))
-        .map_err(|e| format!("shard key: {e}"))?;
-    ShardSigner::load_or_create(dir, Some(&path)).map(Arc::new)
+/// The signer every node of a run shares, from [`SIGNING_SEED`].
+pub(super) fn signer() -> Arc<ShardSigner> {
+    Arc::new(ShardSigner::from_seed(SIGNING_SEED))
 }
 
 /// One gateway process's side of the shards.
@@ -115,7 +105,6 @@ pub(super) struct SimShard {
     pub(super) document: Option<HeldDocument>,
     /// The reconcile body, fixed at its first attempt.
     body: Option<serde_json::Value>,
-    in_flight: u32,
     /// What its local calls did, across every book that held it: units
     /// reported used by settles (above a hold too), what settles took of
     /// their holds, the holds of calls whose usage is unknown (or that died
@@ -214,7 +203,6 @@ impl World {
             if self.gateways[g].cut_off == 0 && live < SHARDS_PER_GATEWAY {
                 let boot_epoch = self.gateways[g].boot_epoch;
                 let id = format!("gw-{g}-b{boot_epoch}-s{}", self.shards.len());
-                self.shard_index.insert(id.clone(), self.shards.len());
                 self.shards.push(SimShard {
                     id,
                     gateway: g,
@@ -225,7 +213,6 @@ impl World {
                     phase: ShardPhase::Asking,
                     document: None,
                     body: None,
-                    in_flight: 0,
                     used: 0,
                     spent: 0,
                     unknown: 0,
@@ -258,7 +245,8 @@ impl World {
         let planted = self.plant == Some(Plant::ShardAfterRestart);
         let old = self.gateways[g].boot_epoch;
         let boot_epoch = if planted { old } else { old + 1 };
-        self.gateways[g] = Gateway::new(g, boot_epoch, &self.public_key, &self.node.clock);
+        let public_key = self.signer.public_key_hex();
+        self.gateways[g] = Gateway::new(g, boot_epoch, &public_key, &self.node.clock);
         self.note(format!("  gw-{g} restarts, boot epoch {boot_epoch}"));
         for s in 0..self.shards.len() {
             let shard = &self.shards[s];
@@ -310,27 +298,22 @@ impl World {
                 "receipts": [],
             });
             if let Some(request) = self.reconcile_of(s, body) {
-                let shard = self
-                    .node
-                    .writers
-                    .shard_of(TENANTS[self.shards[s].tenant].name, Route::Embed.name());
-                self.probes.push((s, shard, request));
+                self.probes.push((s, self.writer_of(s), request));
             }
         }
     }
 
     /// A call of a cut-off gateway, admitted from its book or refused.
     fn admit_locally(&mut self, g: usize) {
-        // Mostly a tenant the gateway holds a shard for; now and then any.
-        let held: Vec<usize> = self
-            .shards
-            .iter()
-            .filter(|s| s.gateway == g && s.phase == ShardPhase::Held)
-            .map(|s| s.tenant)
+        // The gateway's shards in its book; which one the book takes a
+        // call from is told by whose reserved units grow.
+        let candidates: Vec<usize> = (0..self.shards.len())
+            .filter(|&s| self.shards[s].gateway == g && self.shards[s].phase == ShardPhase::Held)
             .collect();
-        let tenant = match held.is_empty() || self.rng.chance(200) {
+        // Mostly a tenant the gateway holds a shard for; now and then any.
+        let tenant = match candidates.is_empty() || self.rng.chance(200) {
             true => self.rng.index(TENANTS.len()),
-            false => held[self.rng.index(held.len())],
+            false => self.shards[candidates[self.rng.index(candidates.len())]].tenant,
         };
         let units = self.rng.range(100, 1_500);
         let gateway = &mut self.gateways[g];
@@ -338,10 +321,6 @@ impl World {
         let id = format!("gw-{g}-b{}-l{}", gateway.boot_epoch, gateway.local_calls);
         let request = ReserveRequest::units(TENANTS[tenant].name, Route::Embed.name(), units);
         let client_id = reservoir_client::ReservationId::new(id.clone()).expect("a plain id");
-        // Which shard the book took it from: the one whose reserved units grew.
-        let candidates: Vec<usize> = (0..self.shards.len())
-            .filter(|&s| self.shards[s].gateway == g && self.shards[s].phase == ShardPhase::Held)
-            .collect();
         let before: Vec<u64> = candidates
             .iter()
             .map(|&s| self.reserved_in_book(s))
@@ -385,6 +364,12 @@ impl World {
             units,
             hold,
         });
+    }
+
+    /// The writer shard that decides shard `s`'s requests.
+    fn writer_of(&self, s: usize) -> usize {
+        let tenant = TENANTS[self.shards[s].tenant].name;
+        self.node.writers.shard_of(tenant, Route::Embed.name())
     }
 
     fn reserved_in_book(&self, s: usize) -> u64 {
@@ -481,10 +466,7 @@ impl World {
             if !due || self.gateways[shard.gateway].cut_off > 0 {
                 continue;
             }
-            let writer = self
-                .node
-                .writers
-                .shard_of(TENANTS[shard.tenant].name, Route::Embed.name());
+            let writer = self.writer_of(s);
             let copies = if !self.quiet && self.rng.chance(100) {
                 self.count("shard request sent twice");
                 2
@@ -495,7 +477,6 @@ impl World {
                 let Some(request) = self.shard_request(s) else {
                     break;
                 };
-                self.shards[s].in_flight += 1;
                 requests.push((Origin::Shard(s, self.shards[s].phase), writer, request));
             }
         }
@@ -544,8 +525,7 @@ impl World {
         reply: Reply,
         lost: bool,
     ) {
-        let shard = &mut self.shards[s];
-        shard.in_flight -= 1;
+        let shard = &self.shards[s];
         let lost = lost || self.gateways[shard.gateway].cut_off > 0;
         let verb = if sent == ShardPhase::Asking {
             "issue"
@@ -768,7 +748,7 @@ impl World {
                         format!("shard {} reminted into {first} and {key}", id.as_str()),
                     ));
                 }
-                if let Some(&s) = self.shard_index.get(id.as_str()) {
+                if let Some(s) = self.shards.iter().position(|s| s.id == id.as_str()) {
                     self.check_remint(s, record, out);
                 }
             }
