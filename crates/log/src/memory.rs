@@ -57,6 +57,8 @@ struct Stored {
     claims: BTreeMap<u64, String>,
     /// Superseded claims whose writer was answered `Fenced` once already.
     told_fenced: BTreeSet<u64>,
+    /// The first offset still readable ([`MemoryLog::delete_before`]).
+    start: u64,
 }
 
 impl MemoryLog {
@@ -85,6 +87,14 @@ impl MemoryLog {
 
     pub fn release_appends(&self) {
         self.held.store(false, Ordering::SeqCst);
+    }
+
+    /// Retention deleted every entry before `offset`, as Kafka does with a
+    /// topic's old segments: a read from below it fails (`Storage`, like
+    /// Kafka's offset out of range); offsets and the end are unchanged.
+    pub fn delete_before(&self, offset: u64) {
+        let mut stored = self.stored.lock().expect("memory log lock");
+        stored.start = stored.start.max(offset);
     }
 
     /// The next append is written, then answered `InDoubt`.
@@ -303,6 +313,12 @@ impl EventReader for MemoryLog {
     ) -> Result<Vec<(Position, LogEntry)>, LogError> {
         check_partition(log_partition)?;
         let stored = self.stored.lock().expect("memory log lock");
+        if from_offset < stored.start {
+            return Err(LogError::Storage(format!(
+                "offset {from_offset} was deleted: the log starts at {}",
+                stored.start
+            )));
+        }
         Ok(stored
             .entries
             .iter()

@@ -261,7 +261,7 @@ pub async fn start_with_clock<L: EventLog>(
             }
             if let Some(reason) = in_doubt {
                 // The writers are stopped (their state dropped): take the log
-                // again and rebuild everything from it.
+                // again and rebuild from it.
                 tracing::warn!(%reason, "log in doubt after a failed append; re-claiming and rebuilding from the log");
                 metrics::counter!("reservoir_log_reclaims_total").increment(1);
                 for p in 0..log.log_partitions() {
@@ -284,6 +284,14 @@ pub async fn start_with_clock<L: EventLog>(
                             return Err(format!("log failed: {reason}; re-claim failed: {err}"));
                         }
                     }
+                }
+                // The rebuild starts from the last snapshot this process wrote,
+                // as a restart would: its cut holds only committed state (a
+                // shard left in doubt never answers a snapshot), so the log
+                // after it, the in-doubt records included if they landed,
+                // completes it. Without it the rebuild replays the whole log.
+                if config.snapshot_interval.is_some() {
+                    snapshot = snapshot::read(&config.data_dir);
                 }
                 continue;
             }

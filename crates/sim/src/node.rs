@@ -348,7 +348,9 @@ impl Node {
             fatal,
             rounds_left: rounds,
         };
-        // Another process, with a data directory of its own: no snapshot.
+        // Another process, with a data directory of its own: no snapshot
+        // now, and none of the old one's later.
+        self.snapshot = None;
         self.restart(false).await?;
         Ok(zombie)
     }
@@ -393,8 +395,8 @@ impl Node {
             ));
         }
         self.claim_epoch = claim.epoch;
-        // As the serving loop: only a process's first recovery reads the snapshot.
-        self.respawn(None).await?;
+        // As the serving loop: the rebuild starts from the last snapshot written.
+        self.respawn(self.snapshot.clone()).await?;
         Ok(panics)
     }
 

@@ -387,6 +387,61 @@ async fn an_in_doubt_append_that_landed_counts_once_after_the_rebuild() {
     s.stop().await;
 }
 
+/// An in-doubt rebuild starts from the last snapshot this process wrote and
+/// reads only the log after its cut, as a restart does. Retention deleted
+/// the log's beginning first, so a rebuild from the start would fail: the
+/// server comes back, the landed reservation counts once, and the ledger
+/// conserves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_rebuild_starts_from_the_last_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(reservoir_log::memory::MemoryLog::new());
+    let config = reservoir_server::Config {
+        snapshot_interval: Some(Duration::from_millis(100)),
+        ..test_config(dir.path())
+    };
+    let s = TestServer::start(log.clone(), config).await;
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let mut last = String::new();
+    for i in 0..5 {
+        let (status, r) = s.reserve(&format!("before-{i}"), "t", "r", 10).await;
+        assert_eq!(status, StatusCode::CREATED, "{r}");
+        last = log_position(&r);
+    }
+    let end = log.len() as u64;
+    eventually(Duration::from_secs(10), || async {
+        reservoir_server::snapshot::read(dir.path())
+            .filter(|snap| snap.cuts.iter().all(|c| c.next_offset >= end))
+    })
+    .await;
+    // The projector has read past `end` too: nothing reads below it any more.
+    let (status, r) = s
+        .get(&format!(
+            "/v1/projections/reservations/before-4?min_position={last}"
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    log.delete_before(end);
+
+    log.fail_next_append_in_doubt();
+    let (status, body) = s.reserve("d", "t", "r", 300).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    s.wait_ready().await;
+    let (status, r) = eventually(Duration::from_secs(10), || async {
+        let (status, r) = s.reserve("d", "t", "r", 300).await;
+        (status != StatusCode::SERVICE_UNAVAILABLE).then_some((status, r))
+    })
+    .await;
+    assert_eq!(status, StatusCode::OK, "the landed reservation: {r}");
+    assert_eq!(r["state"], "RESERVED");
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts[0]["reserved_units"], 350, "no second debit");
+    assert_eq!(parts[0]["available_units"], 650);
+    let (status, _) = s.reserve("after", "t", "r", 100).await;
+    assert_eq!(status, StatusCode::CREATED);
+    s.stop().await;
+}
+
 /// No sweeps or refills: the only batches are the test's own.
 fn quiet_config(dir: &std::path::Path) -> reservoir_server::Config {
     reservoir_server::Config {

@@ -126,6 +126,9 @@ impl World {
                 Some(Trouble::InDoubt(reason)) => {
                     self.note(format!("  log in doubt ({reason}): re-claim and rebuild"));
                     self.count("re-claim");
+                    if self.node.snapshot.is_some() {
+                        self.count("re-claim from a snapshot");
+                    }
                     self.node.reclaim().await
                 }
                 Some(Trouble::Fatal(reason)) => {
