@@ -33,6 +33,7 @@ mod checking;
 mod faults;
 mod gateway;
 mod operator;
+mod shard_answers;
 mod shards;
 
 use gateway::{Call, Phase};
