@@ -354,15 +354,7 @@ async fn an_in_doubt_append_that_landed_counts_once_after_the_rebuild() {
     let (s, log, _dir) = TestServer::memory().await;
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     s.reserve("before", "t", "r", 100).await;
-    log.fail_next_append_in_doubt();
-    let (status, body) = s.reserve("d", "t", "r", 300).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    s.wait_ready().await;
-    let (status, r) = eventually(Duration::from_secs(10), || async {
-        let (status, r) = s.reserve("d", "t", "r", 300).await;
-        (status != StatusCode::SERVICE_UNAVAILABLE).then_some((status, r))
-    })
-    .await;
+    let (status, r) = reserve_in_doubt_then_retry(&s, &log, "d", 300).await;
     assert_eq!(
         status,
         StatusCode::OK,
@@ -423,15 +415,7 @@ async fn an_in_doubt_rebuild_starts_from_the_last_snapshot() {
     assert_eq!(status, StatusCode::OK, "{r}");
     log.delete_before(end);
 
-    log.fail_next_append_in_doubt();
-    let (status, body) = s.reserve("d", "t", "r", 300).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    s.wait_ready().await;
-    let (status, r) = eventually(Duration::from_secs(10), || async {
-        let (status, r) = s.reserve("d", "t", "r", 300).await;
-        (status != StatusCode::SERVICE_UNAVAILABLE).then_some((status, r))
-    })
-    .await;
+    let (status, r) = reserve_in_doubt_then_retry(&s, &log, "d", 300).await;
     assert_eq!(status, StatusCode::OK, "the landed reservation: {r}");
     assert_eq!(r["state"], "RESERVED");
     let parts = s.assert_conserved().await;
@@ -440,6 +424,25 @@ async fn an_in_doubt_rebuild_starts_from_the_last_snapshot() {
     let (status, _) = s.reserve("after", "t", "r", 100).await;
     assert_eq!(status, StatusCode::CREATED);
     s.stop().await;
+}
+
+/// Reserves `id` on `t`/`r` with the append left in doubt (503), then
+/// retries it as a client would until the rebuilt server answers.
+async fn reserve_in_doubt_then_retry(
+    s: &TestServer,
+    log: &reservoir_log::memory::MemoryLog,
+    id: &str,
+    units: u64,
+) -> (StatusCode, serde_json::Value) {
+    log.fail_next_append_in_doubt();
+    let (status, body) = s.reserve(id, "t", "r", units).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    s.wait_ready().await;
+    eventually(Duration::from_secs(10), || async {
+        let (status, r) = s.reserve(id, "t", "r", units).await;
+        (status != StatusCode::SERVICE_UNAVAILABLE).then_some((status, r))
+    })
+    .await
 }
 
 /// No sweeps or refills: the only batches are the test's own.
