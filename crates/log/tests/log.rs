@@ -7,7 +7,8 @@
 //! - `embedded`: what only the RocksDB log promises (process lock, crash test),
 //!   and `SecondaryLog` following a running log from another instance.
 //! - `kafka`: fencing between writers, crashes, faults on a mock cluster;
-//!   `kafka_pipelined`: appends in flight together (ordering, fencing, doubt).
+//!   `kafka_pipelined`: appends in flight together (ordering, fencing, doubt);
+//!   `kafka_topic`: the topic keeps every record (created so, or refused).
 //! - `memory`: the memory log (feature `memory`, enabled for this binary by
 //!   the crate's dev-dependency on itself): claims and fault injection.
 
@@ -22,6 +23,9 @@ mod kafka;
 
 #[path = "log/kafka_pipelined.rs"]
 mod kafka_pipelined;
+
+#[path = "log/kafka_topic.rs"]
+mod kafka_topic;
 
 #[path = "log/suite.rs"]
 pub mod suite;

@@ -1,6 +1,6 @@
-//! The librdkafka side: creating the producer, consumers and the topic,
-//! running blocking calls off the async threads, and classifying librdkafka's
-//! errors as ours (whether a retry may succeed).
+//! The librdkafka side: creating the producer and consumers, running
+//! blocking calls off the async threads, and classifying librdkafka's errors
+//! as ours (whether a retry may succeed). The topic itself is `topic.rs`.
 
 use super::*;
 
@@ -136,81 +136,5 @@ fn fetch_wait_max_ms(config: &KafkaConfig) -> &'static str {
     match config.broker_quirks() {
         BrokerQuirks::Tansu => "1",
         BrokerQuirks::None => "100",
-    }
-}
-
-/// Makes sure the topic exists, with a leader for every partition, and
-/// returns its partition count.
-pub(super) async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> {
-    let probe_config = config.clone();
-    let probe = move || -> Result<Option<u32>, LogError> {
-        partition_count(&build_consumer(&probe_config)?, &probe_config)
-    };
-    if let Some(count) = blocking(probe.clone()).await?? {
-        return Ok(count);
-    }
-    let admin: AdminClient<DefaultClientContext> = config
-        .client_config()
-        .create()
-        .map_err(|e| log_error("create admin client", &e))?;
-    let topic = NewTopic::new(
-        &config.topic,
-        i32::try_from(config.partitions_for_new_topic)
-            .map_err(|_| LogError::Invalid("partition count".into()))?,
-        TopicReplication::Fixed(config.replication_factor),
-    );
-    let options = AdminOptions::new().operation_timeout(Some(config.request_timeout));
-    let results = admin
-        .create_topics([&topic], &options)
-        .await
-        .map_err(|e| log_error("create topic", &e))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => {
-                return Err(log_error(
-                    &format!("create topic {name}"),
-                    &KafkaError::AdminOp(code),
-                ))
-            }
-        }
-    }
-    // Metadata and leader election can lag a fresh topic for a moment.
-    let deadline = Instant::now() + config.request_timeout;
-    loop {
-        if let Some(count) = blocking(probe.clone()).await?? {
-            info!(topic = %config.topic, count, "created topic");
-            return Ok(count);
-        }
-        if Instant::now() >= deadline {
-            return Err(LogError::Timeout(format!(
-                "topic {} not visible after creating it",
-                config.topic
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub(super) fn partition_count(
-    client: &BaseConsumer,
-    config: &KafkaConfig,
-) -> Result<Option<u32>, LogError> {
-    let metadata = client
-        .fetch_metadata(Some(&config.topic), config.request_timeout)
-        .map_err(|e| log_error("metadata", &e))?;
-    let Some(topic) = metadata.topics().iter().find(|t| t.name() == config.topic) else {
-        return Ok(None);
-    };
-    // Usable only once every partition has a leader: right after creation
-    // the broker names the partitions before it has elected their leaders,
-    // and a claim's read-back then fails with NotLeaderForPartition.
-    let led = topic
-        .partitions()
-        .iter()
-        .all(|p| p.leader() >= 0 && p.error().is_none());
-    match topic.error() {
-        None if !topic.partitions().is_empty() && led => Ok(Some(topic.partitions().len() as u32)),
-        _ => Ok(None),
     }
 }

@@ -69,6 +69,10 @@ pub struct KafkaConfig {
     /// Workarounds for the broker's bugs; from [`BrokerQuirks::ENV`] (an
     /// invalid value makes [`KafkaLog::connect`] fail).
     pub quirks: Result<BrokerQuirks, String>,
+    /// Whether connect describes the topic and refuses one whose settings
+    /// would delete records (see `topic.rs`). On, except for rdkafka's mock
+    /// cluster in tests, which cannot describe a topic.
+    pub check_topic_settings: bool,
 }
 
 impl KafkaConfig {
@@ -89,6 +93,7 @@ impl KafkaConfig {
             reader_fetch_min_bytes: 1,
             client_overrides: Vec::new(),
             quirks: BrokerQuirks::from_env(),
+            check_topic_settings: true,
         }
     }
 

@@ -53,8 +53,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -71,13 +69,16 @@ mod append;
 mod clients;
 mod config;
 mod read;
+mod topic;
 
 use append::Standing;
 pub use clients::log_error;
-use clients::{blocking, build_consumer, build_producer, ensure_topic, leadership_moving};
+use clients::{blocking, build_consumer, build_producer, leadership_moving};
 pub use config::{BrokerQuirks, KafkaConfig};
 use read::{decode_claim, PartitionReader, Read, ReadTo};
 pub use reservoir_core::placement::{log_partition_of_route, murmur2_partition};
+use topic::ensure_topic;
+pub use topic::{settings_that_delete, KEEP_EVERY_RECORD};
 
 /// Default topic name.
 pub const TOPIC_DEFAULT: &str = "reservoir.events";

@@ -31,7 +31,7 @@ use reservoir_testkit::output_bounded;
 use crate::fixtures;
 
 /// A Kafka tool or the independent reader takes seconds; past this it hung.
-const TOOL_LIMIT: Duration = Duration::from_secs(180);
+pub const TOOL_LIMIT: Duration = Duration::from_secs(180);
 
 /// The broker under test, from `RESERVOIR_TEST_BROKERS`. Missing: a failure
 /// under `CI=true`, a loud skip otherwise.
@@ -702,7 +702,7 @@ async fn independent_client_reproduces_the_schema_fingerprint_header() {
 /// Where Kafka's own command line tools are (`RESERVOIR_KAFKA_HOME`, the jar
 /// directory `scripts/kafka env` and `scripts/kafka home` export). Missing: a
 /// failure under `CI=true`, a loud skip otherwise, like the broker.
-fn kafka_tools() -> Option<String> {
+pub fn kafka_tools() -> Option<String> {
     match std::env::var("RESERVOIR_KAFKA_HOME") {
         Ok(home) if !home.trim().is_empty() => Some(home),
         _ if std::env::var("CI").as_deref() == Ok("true") => {
@@ -829,6 +829,8 @@ fn mock_config(mock: &Mock, writer_id: &str) -> KafkaConfig {
     config.replication_factor = 3;
     config.request_timeout = Duration::from_secs(2);
     config.delivery_timeout = Duration::from_secs(3);
+    // The mock cannot describe a topic's settings.
+    config.check_topic_settings = false;
     config
 }
 
