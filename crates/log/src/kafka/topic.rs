@@ -7,8 +7,9 @@
 //! took the broker's defaults) is described on connect, and one whose
 //! settings would delete records is refused with the command that fixes
 //! it: a finite `retention.ms` or `retention.bytes` (Apache Kafka's default
-//! is 7 days) deletes the log's beginning, and compaction keeps only the
-//! last record of each subject/route (the record key).
+//! is 7 days) deletes the log's beginning, compaction keeps only the last
+//! record of each subject/route (the record key), and unclean leader
+//! election may lose acknowledged records on a failover.
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -17,10 +18,11 @@ use super::*;
 
 /// The settings that keep every record, set on a topic this log creates and
 /// required of one it finds.
-pub const KEEP_EVERY_RECORD: [(&str, &str); 3] = [
+pub const KEEP_EVERY_RECORD: [(&str, &str); 4] = [
     ("retention.ms", "-1"),
     ("retention.bytes", "-1"),
     ("cleanup.policy", "delete"),
+    ("unclean.leader.election.enable", "false"),
 ];
 
 /// Makes sure the topic exists and keeps every record, with a leader for
@@ -102,6 +104,13 @@ pub fn settings_that_delete<'a>(setting: impl Fn(&str) -> Option<&'a str>) -> Ve
         )),
         Some(_) => {}
         None => deleting.push("cleanup.policy not reported".to_string()),
+    }
+    if setting("unclean.leader.election.enable") == Some("true") {
+        deleting.push(
+            "unclean.leader.election.enable=true: a failover may elect a replica that lacks \
+             acknowledged records"
+                .to_string(),
+        );
     }
     deleting
 }
@@ -207,7 +216,7 @@ mod tests {
     }
 
     #[test]
-    fn only_infinite_retention_without_compaction_keeps_every_record() {
+    fn only_infinite_retention_no_compaction_and_clean_elections_pass() {
         assert!(deleting(&KEEP_EVERY_RECORD).is_empty());
         assert_eq!(
             deleting(&[
@@ -227,6 +236,12 @@ mod tests {
                 "retention.bytes=1000",
                 "cleanup.policy=delete, compact: compaction keeps only the last record of each subject/route"
             ]
+        );
+        let mut unclean = KEEP_EVERY_RECORD;
+        unclean[3].1 = "true";
+        assert_eq!(
+            deleting(&unclean),
+            ["unclean.leader.election.enable=true: a failover may elect a replica that lacks acknowledged records"]
         );
         assert_eq!(
             deleting(&[("retention.ms", "-1")]),

@@ -1,6 +1,7 @@
 //! The topic keeps every record. A topic the Kafka log creates is created
-//! with `KEEP_EVERY_RECORD`; one found with settings that would delete
-//! records (a finite retention, compaction) is refused on connect, and the
+//! with `KEEP_EVERY_RECORD`; one found with settings that would delete or
+//! lose records (a finite retention, compaction, unclean leader election)
+//! is refused on connect, and the
 //! command the refusal names, run with Kafka's own tool, fixes it.
 
 use std::collections::BTreeMap;
@@ -109,6 +110,10 @@ async fn a_topic_that_would_delete_records_is_refused_until_fixed() {
         (
             ("cleanup.policy", "compact"),
             "cleanup.policy=compact: compaction keeps only",
+        ),
+        (
+            ("unclean.leader.election.enable", "true"),
+            "unclean.leader.election.enable=true: a failover may elect",
         ),
     ] {
         let topic = unique_topic("deleting");
