@@ -12,6 +12,17 @@
 //! - `memory`: the memory log (feature `memory`, enabled for this binary by
 //!   the crate's dev-dependency on itself): claims and fault injection.
 
+/// The broker under test (`kafka::brokers`), or return from the test: a
+/// loud skip, or a failure under `CI=true`.
+macro_rules! require_broker {
+    () => {
+        match crate::kafka::brokers() {
+            Some(brokers) => brokers,
+            None => return,
+        }
+    };
+}
+
 #[path = "log/fixtures.rs"]
 mod fixtures;
 

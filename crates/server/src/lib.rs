@@ -151,20 +151,22 @@ pub async fn start_with_clock<L: EventLog>(
 
     let serving = async move {
         let mut claim_epochs = claim_epochs;
-        let mut snapshot = match config.snapshot_interval {
-            Some(_) => snapshot::read(&config.data_dir),
-            None => None,
-        };
         let mut http = http;
         // Runs until shutdown or a fatal log error; after a log partition was
         // left in doubt by a failed append, re-claims the log and runs again
         // on state rebuilt from it (the records that landed count).
         loop {
             let started = std::time::Instant::now();
+            // The last snapshot this process wrote, each time: at start, and
+            // after a re-claim, as a restart would. Its cut holds only
+            // committed state (a shard left in doubt never answers a
+            // snapshot), so the log after it, the in-doubt records included
+            // if they landed, completes it.
+            let snapshot = config
+                .snapshot_interval
+                .and_then(|_| snapshot::read(&config.data_dir));
             let recovered =
-                match recovery::recover(&*log, config.writer_shards, snapshot.take(), &retired)
-                    .await
-                {
+                match recovery::recover(&*log, config.writer_shards, snapshot, &retired).await {
                     Ok(r) => r,
                     Err(err) => {
                         tracing::error!(%err, "recovery failed; not ready");
@@ -284,14 +286,6 @@ pub async fn start_with_clock<L: EventLog>(
                             return Err(format!("log failed: {reason}; re-claim failed: {err}"));
                         }
                     }
-                }
-                // The rebuild starts from the last snapshot this process wrote,
-                // as a restart would: its cut holds only committed state (a
-                // shard left in doubt never answers a snapshot), so the log
-                // after it, the in-doubt records included if they landed,
-                // completes it. Without it the rebuild replays the whole log.
-                if config.snapshot_interval.is_some() {
-                    snapshot = snapshot::read(&config.data_dir);
                 }
                 continue;
             }

@@ -28,9 +28,10 @@ pub const KEEP_EVERY_RECORD: [(&str, &str); 4] = [
 /// Makes sure the topic exists and keeps every record, with a leader for
 /// every partition, and returns its partition count.
 pub(super) async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> {
-    let count = find_or_create(config).await?;
+    let admin = admin_client(config)?;
+    let count = find_or_create(config, &admin).await?;
     if config.check_topic_settings {
-        check_keeps_every_record(config).await?;
+        check_keeps_every_record(config, &admin).await?;
     }
     Ok(count)
 }
@@ -43,8 +44,10 @@ fn admin_client(config: &KafkaConfig) -> Result<AdminClient<DefaultClientContext
 }
 
 /// Describes the topic's settings and refuses it if they would delete a record.
-async fn check_keeps_every_record(config: &KafkaConfig) -> Result<(), LogError> {
-    let admin = admin_client(config)?;
+async fn check_keeps_every_record(
+    config: &KafkaConfig,
+    admin: &AdminClient<DefaultClientContext>,
+) -> Result<(), LogError> {
     let options = AdminOptions::new().request_timeout(Some(config.request_timeout));
     let described = admin
         .describe_configs([&ResourceSpecifier::Topic(&config.topic)], &options)
@@ -65,8 +68,7 @@ async fn check_keeps_every_record(config: &KafkaConfig) -> Result<(), LogError> 
         }
     };
     let entries = resource.entry_map();
-    let setting = |name: &str| entries.get(name).and_then(|e| e.value.as_deref());
-    let deleting = settings_that_delete(|name| setting(name));
+    let deleting = settings_that_delete(|name| entries.get(name).and_then(|e| e.value.as_deref()));
     if deleting.is_empty() {
         return Ok(());
     }
@@ -128,7 +130,10 @@ fn readable(name: &str, value: &str) -> String {
 
 /// Finds the topic or creates it (keeping every record), waits until every
 /// partition has a leader, and returns its partition count.
-async fn find_or_create(config: &KafkaConfig) -> Result<u32, LogError> {
+async fn find_or_create(
+    config: &KafkaConfig,
+    admin: &AdminClient<DefaultClientContext>,
+) -> Result<u32, LogError> {
     let probe_config = config.clone();
     let probe = move || -> Result<Option<u32>, LogError> {
         partition_count(&build_consumer(&probe_config)?, &probe_config)
@@ -136,7 +141,6 @@ async fn find_or_create(config: &KafkaConfig) -> Result<u32, LogError> {
     if let Some(count) = blocking(probe.clone()).await?? {
         return Ok(count);
     }
-    let admin = admin_client(config)?;
     let mut topic = NewTopic::new(
         &config.topic,
         i32::try_from(config.partitions_for_new_topic)

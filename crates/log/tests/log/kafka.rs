@@ -51,15 +51,6 @@ pub fn brokers() -> Option<String> {
     }
 }
 
-macro_rules! require_broker {
-    () => {
-        match brokers() {
-            Some(brokers) => brokers,
-            None => return,
-        }
-    };
-}
-
 /// A topic name no other test (or earlier run against the same broker) uses.
 pub fn unique_topic(name: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

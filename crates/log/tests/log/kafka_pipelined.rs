@@ -7,16 +7,7 @@ use reservoir_log::fence::read_valid;
 use reservoir_log::{EventLog, LogEntry, LogError, Position};
 
 use crate::fixtures;
-use crate::kafka::{brokers, claimed_writer, config, raw_produce, unique_topic};
-
-macro_rules! require_broker {
-    () => {
-        match brokers() {
-            Some(brokers) => brokers,
-            None => return,
-        }
-    };
-}
+use crate::kafka::{claimed_writer, config, raw_produce, unique_topic};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_log_promises_ordered_appends() {

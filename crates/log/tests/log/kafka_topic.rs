@@ -15,16 +15,7 @@ use reservoir_log::kafka::{settings_that_delete, KafkaLog, KEEP_EVERY_RECORD};
 use reservoir_log::LogError;
 use reservoir_testkit::output_bounded;
 
-use crate::kafka::{brokers, config, kafka_tools, unique_topic, TOOL_LIMIT};
-
-macro_rules! require_broker {
-    () => {
-        match brokers() {
-            Some(brokers) => brokers,
-            None => return,
-        }
-    };
-}
+use crate::kafka::{config, kafka_tools, unique_topic, TOOL_LIMIT};
 
 fn admin(brokers: &str) -> AdminClient<DefaultClientContext> {
     ClientConfig::new()
@@ -125,8 +116,8 @@ async fn a_topic_that_would_delete_records_is_refused_until_fixed() {
         assert!(message.contains(named), "{named}: {message}");
     }
 
-    // A topic made with the broker's defaults for retention, and compacted:
-    // everything is named, and the command in the refusal fixes it.
+    // A topic with a 7-day retention (Apache Kafka's default) that is also
+    // compacted: both are named, and the command in the refusal fixes it.
     let Some(home) = kafka_tools() else { return };
     let topic = unique_topic("defaults");
     create(
