@@ -15,6 +15,7 @@
 //! forwarded [`MAX_HOPS`] times is answered 503 rather than forwarded again
 //! (ownership is moving; the client retries with the same id).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,12 +107,19 @@ async fn locate(
 
 fn locate_local(node: &Node, id: &ReservationId) -> Option<u32> {
     let slots = node.slots.read().expect("slots");
-    slots.iter().find_map(|(p, slot)| match &slot.state {
+    slots
+        .iter()
+        .find_map(|(p, slot)| slot_holds(slot, id).then_some(*p))
+}
+
+/// Whether the local partition `slot` serves holds reservation `id`.
+fn slot_holds(slot: &super::Slot, id: &ReservationId) -> bool {
+    match &slot.state {
         // An unreadable idempotency index is not "here": the caller asks the
         // peers, and the owner's writer answers 503 when it is asked itself.
-        super::SlotState::Serving(owned) => owned.writers.locate(id).ok().flatten().map(|_| *p),
-        _ => None,
-    })
+        super::SlotState::Serving(owned) => matches!(owned.writers.locate(id), Ok(Some(_))),
+        _ => false,
+    }
 }
 
 fn unavailable(detail: impl Into<String>) -> ApiError {
@@ -128,7 +136,8 @@ fn hops(headers: &HeaderMap) -> u32 {
 
 /// Where a request goes.
 enum Target {
-    Partition(u32),
+    /// A partition, and the id a reserve that succeeds is remembered by.
+    Partition(u32, Option<ReservationId>),
     /// By reservation id, resolved below.
     Id(ReservationId),
     /// Anything else (health, metrics, OpenAPI, unknown paths, bodies we cannot
@@ -155,21 +164,22 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     let path = parts.uri.path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let target = match (&parts.method, segments.as_slice()) {
-        (&Method::POST, ["v1", "policies"]) => body_route(&bytes, &["policy"])
-            .map_or(Target::Local, |(s, r)| {
-                Target::Partition(log_partition_of_route(&s, &r, partitions))
-            }),
+        (&Method::POST, ["v1", "policies"]) => {
+            serde_json::from_slice::<PolicyBody>(&bytes).map_or(Target::Local, |body| {
+                let Placed { subject, route, .. } = body.policy;
+                Target::Partition(log_partition_of_route(&subject, &route, partitions), None)
+            })
+        }
         (&Method::GET, ["v1", "policies", subject, route])
         | (&Method::POST, ["v1", "policies", subject, route, "rollback"]) => {
             match (percent_decode(subject), percent_decode(route)) {
-                (Some(s), Some(r)) => Target::Partition(log_partition_of_route(&s, &r, partitions)),
+                (Some(s), Some(r)) => {
+                    Target::Partition(log_partition_of_route(&s, &r, partitions), None)
+                }
                 _ => Target::Local,
             }
         }
-        (&Method::POST, ["v1", "reservations"]) => body_route(&bytes, &[])
-            .map_or(Target::Local, |(s, r)| {
-                Target::Partition(log_partition_of_route(&s, &r, partitions))
-            }),
+        (&Method::POST, ["v1", "reservations"]) => reserve_target(&parts, &bytes, partitions),
         (_, ["v1", "reservations", id, ..]) if segments.len() <= 4 => {
             match percent_decode(id).and_then(|raw| ReservationId::new(&raw).ok()) {
                 Some(id) => Target::Id(id),
@@ -183,8 +193,7 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     match target {
         Target::Local => local_any(&node, parts, bytes).await,
         Target::Partitions => all_partitions(&node, parts, bytes, hops).await,
-        Target::Partition(p) => {
-            let reserve_id = reserve_id(&parts, &bytes);
+        Target::Partition(p, reserve_id) => {
             let response = dispatch(&node, p, parts, bytes, hops).await;
             if let (Some(id), true) = (reserve_id, response.status().is_success()) {
                 node.remember_id(id, p);
@@ -198,34 +207,49 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     }
 }
 
-/// Subject and route from a JSON body (at `prefix` inside it).
-fn body_route(bytes: &Bytes, prefix: &[&str]) -> Option<(String, String)> {
-    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    for key in prefix {
-        value = value.get_mut(*key)?.take();
-    }
-    Some((
-        value.get("subject")?.as_str()?.to_string(),
-        value.get("route")?.as_str()?.to_string(),
-    ))
+/// Where a policy body goes: `policy.subject`, `policy.route`.
+#[derive(serde::Deserialize)]
+struct PolicyBody<'a> {
+    #[serde(borrow)]
+    policy: Placed<'a>,
 }
 
-fn reserve_id(parts: &axum::http::request::Parts, bytes: &Bytes) -> Option<ReservationId> {
-    if parts.method != Method::POST || parts.uri.path().trim_end_matches('/') != "/v1/reservations"
-    {
-        return None;
-    }
-    let from_body = serde_json::from_slice::<serde_json::Value>(bytes)
-        .ok()
-        .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
-    let raw = from_body.or_else(|| {
-        parts
-            .headers
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    })?;
-    ReservationId::new(&raw).ok()
+/// What the front reads of a body: the subject and route that place it, and
+/// a reserve's `id` (any other field is left to the partition's router).
+#[derive(serde::Deserialize)]
+struct Placed<'a> {
+    #[serde(borrow)]
+    subject: Cow<'a, str>,
+    #[serde(borrow)]
+    route: Cow<'a, str>,
+    /// Any JSON value: one that is no id leaves the reserve unplaced by id,
+    /// and the partition's router answers it.
+    #[serde(default)]
+    id: Option<serde_json::Value>,
+}
+
+/// The partition a reserve goes to and the id to remember it by (from the
+/// body, else the `idempotency-key` header); one parse of the body.
+fn reserve_target(parts: &axum::http::request::Parts, bytes: &Bytes, partitions: u32) -> Target {
+    let Ok(placed) = serde_json::from_slice::<Placed>(bytes) else {
+        return Target::Local;
+    };
+    let from_body = match &placed.id {
+        Some(serde_json::Value::String(id)) => Some(id.as_str()),
+        _ => None,
+    };
+    let id = from_body
+        .or_else(|| {
+            parts
+                .headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+        })
+        .and_then(|raw| ReservationId::new(raw).ok());
+    Target::Partition(
+        log_partition_of_route(&placed.subject, &placed.route, partitions),
+        id,
+    )
 }
 
 fn percent_decode(raw: &str) -> Option<String> {
@@ -275,10 +299,19 @@ async fn local_any(node: &Node, parts: axum::http::request::Parts, bytes: Bytes)
 
 /// The partition holding reservation `id`, or the answer to give.
 async fn find(node: &Node, id: &ReservationId, hops: u32) -> Result<u32, Response> {
+    let routed = node.id_cache.lock().expect("id cache").get(id).copied();
+    // The partition this node routed the id to is asked first: asking every
+    // local partition looks the id up in each, a RocksDB read on every miss.
+    if let Some(p) = routed {
+        let slots = node.slots.read().expect("slots");
+        if slots.get(&p).is_some_and(|slot| slot_holds(slot, id)) {
+            return Ok(p);
+        }
+    }
     if let Some(p) = locate_local(node, id) {
         return Ok(p);
     }
-    if let Some(p) = node.id_cache.lock().expect("id cache").get(id).copied() {
+    if let Some(p) = routed {
         return Ok(p);
     }
     if hops == 0 {
@@ -473,4 +506,49 @@ async fn all_partitions(
         }
     }
     Json(all).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(idempotency_key: Option<&str>) -> axum::http::request::Parts {
+        let mut request = axum::http::Request::post("/v1/reservations");
+        if let Some(key) = idempotency_key {
+            request = request.header("idempotency-key", key);
+        }
+        request.body(()).expect("request").into_parts().0
+    }
+
+    fn target(body: &str, idempotency_key: Option<&str>) -> Option<(u32, Option<String>)> {
+        match reserve_target(&parts(idempotency_key), &Bytes::from(body.to_string()), 8) {
+            Target::Partition(p, id) => Some((p, id.map(|id| id.as_str().to_string()))),
+            Target::Local => None,
+            _ => panic!("a reserve goes to a partition or is answered locally"),
+        }
+    }
+
+    #[test]
+    fn a_reserve_is_placed_by_subject_and_route_and_remembered_by_its_id() {
+        let p = log_partition_of_route("acme", "chat", 8);
+        let body = r#"{"id":"r-1","subject":"acme","route":"chat","amount":5}"#;
+        assert_eq!(target(body, Some("k-9")), Some((p, Some("r-1".into()))));
+        // Without an id in the body, the idempotency key names it.
+        let body = r#"{"subject":"acme","route":"chat"}"#;
+        assert_eq!(target(body, Some("k-9")), Some((p, Some("k-9".into()))));
+        assert_eq!(target(body, None), Some((p, None)));
+        // An id that is not a string is the partition's router's to refuse.
+        let body = r#"{"id":7,"subject":"acme","route":"chat"}"#;
+        assert_eq!(target(body, None), Some((p, None)));
+        // Escaped strings are placed by what they say.
+        let body = r#"{"subject":"ac\u006de","route":"chat"}"#;
+        assert_eq!(target(body, None), Some((p, None)));
+    }
+
+    #[test]
+    fn a_reserve_without_a_placement_is_answered_locally() {
+        assert_eq!(target(r#"{"route":"chat"}"#, None), None);
+        assert_eq!(target(r#"{"subject":1,"route":"chat"}"#, None), None);
+        assert_eq!(target("not json", None), None);
+    }
 }
