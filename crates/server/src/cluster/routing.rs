@@ -98,18 +98,19 @@ async fn locate(
 ) -> Response {
     match ReservationId::new(&raw)
         .ok()
-        .and_then(|id| locate_local(&node, &id))
+        .and_then(|id| locate_local(&node, &id, None))
     {
         Some(p) => Json(serde_json::json!({"log_partition": p})).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
-fn locate_local(node: &Node, id: &ReservationId) -> Option<u32> {
+/// The local partition holding `id`, not asking `asked` (looked in already).
+fn locate_local(node: &Node, id: &ReservationId, asked: Option<u32>) -> Option<u32> {
     let slots = node.slots.read().expect("slots");
     slots
         .iter()
-        .find_map(|(p, slot)| slot_holds(slot, id).then_some(*p))
+        .find_map(|(p, slot)| (Some(*p) != asked && slot_holds(slot, id)).then_some(*p))
 }
 
 /// Whether the local partition `slot` serves holds reservation `id`.
@@ -308,7 +309,7 @@ async fn find(node: &Node, id: &ReservationId, hops: u32) -> Result<u32, Respons
             return Ok(p);
         }
     }
-    if let Some(p) = locate_local(node, id) {
+    if let Some(p) = locate_local(node, id, routed) {
         return Ok(p);
     }
     if let Some(p) = routed {
