@@ -13,6 +13,7 @@
 //! A panic anywhere aborts the process: a broken invariant must crash, and
 //! recovery from the log is the only restart path (crash-only).
 
+use std::future::Future;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -63,7 +64,9 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            return match runtime.block_on(reservoir_server::project::run(config, shutdown_signal()))
+            // shutdown_signal() installs its handlers, so it runs inside the runtime.
+            return match runtime
+                .block_on(async { reservoir_server::project::run(config, shutdown_signal()).await })
             {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
@@ -204,25 +207,45 @@ async fn serve(mut config: Config) -> Result<(), String> {
     server.done.await.map_err(|e| e.to_string())?
 }
 
-/// SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or Ctrl-C (SIGINT). The handlers are installed when this is
+/// called, inside the runtime and before the listener opens, not when the
+/// future is first polled: the server polls it from a task spawned after the
+/// listener is bound, and a signal in between would kill the process with
+/// the default action instead of shutting it down (the likely cause of a CI
+/// run where a server stopped right after its first answers "exited with
+/// signal: 15").
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+    async move {
+        #[cfg(unix)]
+        {
+            let (mut interrupt, mut terminate) = signals;
+            let interrupted = async {
+                match interrupt.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let terminated = async {
+                match terminate.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = interrupted => {}
+                _ = terminated => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown signal: finishing the batch in flight");
     }
-    tracing::info!("shutdown signal: finishing the batch in flight");
 }
