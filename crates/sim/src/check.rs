@@ -106,6 +106,11 @@ impl Gate {
         Gate::RemintUnbacked,
     ];
 
+    /// The gate called `name` (as [`Gate::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Gate> {
+        Gate::ALL.into_iter().find(|g| g.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Gate::Conservation => "conservation",

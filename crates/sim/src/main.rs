@@ -7,16 +7,21 @@
 //!   any finding.
 //! - `reservoir-sim --seed S --steps M`: that one run, its findings, the
 //!   last lines of its trace (`--trace`: all of it) and its trace hash.
+//! - `--save FILE` with `--interleavings`: the run also written as a chunk
+//!   of the release gate (`reservoir_sim::chunk`); `--merge FILE...`: chunks
+//!   merged into one gate table; `--import-table FILE --save FILE`: a gate
+//!   table printed before chunks were saved, read back into a chunk.
 
 use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use reservoir_sim::{replay_command, run, Plant, RunConfig, RunOutcome, Summary};
+use reservoir_sim::chunk::{self, Chunk};
+use reservoir_sim::{replay_command, run, run_seeds, Plant, RunConfig, RunOutcome};
 
 #[derive(Parser)]
 #[command(
@@ -47,6 +52,20 @@ struct Cli {
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// With --interleavings (or --import-table): writes the run as a chunk
+    /// of the release gate (JSON) to this file.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Where a saved chunk came from (the commit its binary was built at).
+    #[arg(long, default_value = concat!("reservoir-sim ", env!("CARGO_PKG_VERSION")))]
+    source: String,
+    /// Merges these chunk files into one gate table (exits 1 on any finding).
+    #[arg(long, num_args = 1.., conflicts_with_all = ["interleavings", "import_table"])]
+    merge: Vec<PathBuf>,
+    /// Reads a gate table printed by an earlier `--interleavings` run into a
+    /// chunk (written with --save).
+    #[arg(long, requires = "save", conflicts_with = "interleavings")]
+    import_table: Option<PathBuf>,
 }
 
 fn parse_plant(name: &str) -> Result<Plant, String> {
@@ -64,10 +83,99 @@ fn main() -> ExitCode {
         keep_trace: cli.trace && cli.interleavings.is_none(),
         zombies: !cli.no_zombies,
     };
+    if !cli.merge.is_empty() {
+        return merge(&cli.merge);
+    }
+    if let Some(table) = &cli.import_table {
+        return import(table, &cli);
+    }
     match cli.interleavings {
         None => one(&cli, &config),
         Some(n) => many(&cli, &config, n),
     }
+}
+
+/// Prints `message` as the command's error and fails.
+fn error(message: String) -> ExitCode {
+    eprintln!("reservoir-sim: {message}");
+    ExitCode::from(2)
+}
+
+fn write_chunk(path: &Path, chunk: &Chunk) -> Result<(), String> {
+    let json = serde_json::to_vec(chunk).expect("a chunk serializes");
+    std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn import(table: &Path, cli: &Cli) -> ExitCode {
+    let save = cli.save.as_deref().expect("clap requires --save");
+    let imported = std::fs::read_to_string(table)
+        .map_err(|e| format!("cannot read {}: {e}", table.display()))
+        .and_then(|text| Chunk::from_table(&text, cli.source.clone()))
+        .map_err(|e| format!("{}: {e}", table.display()))
+        .and_then(|chunk| write_chunk(save, &chunk).map(|()| chunk));
+    match imported {
+        Ok(chunk) => {
+            println!("{}: seeds {:?}", save.display(), chunk.seeds());
+            ExitCode::SUCCESS
+        }
+        Err(e) => error(e),
+    }
+}
+
+fn merge(files: &[PathBuf]) -> ExitCode {
+    let mut chunks = Vec::new();
+    for path in files {
+        let read = std::fs::read(path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| serde_json::from_slice::<Chunk>(&bytes).map_err(|e| e.to_string()));
+        match read {
+            Ok(c) => chunks.push(c),
+            Err(e) => return error(format!("{}: {e}", path.display())),
+        }
+    }
+    let merged = match chunk::merge(chunks) {
+        Ok(m) => m,
+        Err(e) => return error(e),
+    };
+    let ranges: Vec<String> = merged
+        .ranges
+        .iter()
+        .map(|r| format!("{}–{}", r.start, r.end - 1))
+        .collect();
+    println!(
+        "{} interleavings in {} chunks, seeds {}",
+        merged.summary.interleavings,
+        merged.chunks.len(),
+        ranges.join(", ")
+    );
+    println!();
+    println!("| seeds | interleavings | source | runs digest |");
+    println!("| --- | ---: | --- | --- |");
+    for c in &merged.chunks {
+        let seeds = c.seeds();
+        println!(
+            "| {}–{} | {} | {} | {} |",
+            seeds.start,
+            seeds.end - 1,
+            c.interleavings,
+            c.source,
+            c.runs_digest.as_deref().unwrap_or("- (read from a table)")
+        );
+    }
+    println!();
+    print!("{}", merged.summary.table());
+    if merged.summary.findings() == 0 {
+        println!(
+            "\nevery gate passed in {} interleavings",
+            merged.summary.interleavings
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!("\nfailing interleavings, the first:");
+    for (seed, finding) in &merged.summary.failures {
+        println!("- seed {seed}: {finding}");
+    }
+    ExitCode::FAILURE
 }
 
 fn one(cli: &Cli, config: &RunConfig) -> ExitCode {
@@ -117,51 +225,41 @@ fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
         .progress_chars("=> "),
     );
     let started = Instant::now();
-    let next = AtomicU64::new(0);
-    let summary = Mutex::new(Summary::default());
-    let failing = Mutex::new(Vec::new());
-    std::thread::scope(|scope| {
-        for _ in 0..cli.threads.max(1) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= n {
-                    return;
-                }
-                let outcome = run(cli.seed + i, config);
-                let mut s = summary.lock().expect("summary lock");
-                s.add(&outcome);
-                if !outcome.passed() {
-                    let mut failing = failing.lock().expect("failing lock");
-                    failing.push(outcome);
-                    bar.set_message(format!("{} failing", failing.len()));
-                }
-                let done = s.interleavings;
-                drop(s);
-                bar.inc(1);
-                if !terminal && done % every == 0 {
-                    let failing = failing.lock().expect("failing lock").len();
-                    eprintln!(
-                        "reservoir-sim: {done}/{n} interleavings, {failing} failing, {:.0} s",
-                        started.elapsed().as_secs_f64()
-                    );
-                }
-            });
+    let failing_count = AtomicU64::new(0);
+    let (mut summary, failing) = run_seeds(cli.seed, n, config, cli.threads, |s, outcome| {
+        if !outcome.passed() {
+            let failing = failing_count.fetch_add(1, Ordering::SeqCst) + 1;
+            bar.set_message(format!("{failing} failing"));
+        }
+        bar.inc(1);
+        let done = s.interleavings;
+        if !terminal && done % every == 0 {
+            eprintln!(
+                "reservoir-sim: {done}/{n} interleavings, {} failing, {:.0} s",
+                failing_count.load(Ordering::SeqCst),
+                started.elapsed().as_secs_f64()
+            );
         }
     });
     bar.finish_and_clear();
-    let mut summary = summary.into_inner().expect("summary lock");
     summary.wall = started.elapsed();
+    if let Some(path) = &cli.save {
+        let chunk = Chunk::new(&summary, cli.seed, config, cli.source.clone());
+        if let Err(e) = write_chunk(path, &chunk) {
+            return error(e);
+        }
+    }
     println!(
-        "reservoir-sim --interleavings {n} --seed {} --steps {}{}",
+        "reservoir-sim --interleavings {n} --seed {} --steps {}{}{}",
         cli.seed,
         cli.steps,
         cli.plant
-            .map_or(String::new(), |p| format!(" --plant {}", p.name()))
+            .map_or(String::new(), |p| format!(" --plant {}", p.name())),
+        if config.zombies { "" } else { " --no-zombies" }
     );
+    println!("runs digest {}", summary.runs_digest());
     println!();
     print!("{}", summary.table());
-    let mut failing = failing.into_inner().expect("failing lock");
-    failing.sort_by_key(|o| o.seed);
     if failing.is_empty() {
         println!("\nevery gate passed in {n} interleavings");
         return ExitCode::SUCCESS;

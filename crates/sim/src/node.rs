@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 /// sleep), and a planted codec bug can rewrite what is written.
 pub struct SimLog {
     pub inner: MemoryLog,
-    hold: watch::Sender<bool>,
+    hold: Arc<Hold>,
     /// Appends called while held, since the last `take_held_appends`.
     held_appends: std::sync::atomic::AtomicUsize,
     /// Planted bug: moves are written without their debt (see `Plant`).
@@ -39,6 +39,41 @@ pub struct SimLog {
     /// without being written.
     pub lose_writes: bool,
     appends: std::sync::atomic::AtomicUsize,
+}
+
+/// The gate held appends wait at. Not a `tokio::sync::watch`: a watch
+/// spreads its waiters over eight `Notify`s chosen by tokio's per-thread
+/// random generator, seeded anew in every process, so the appends of two
+/// writer shards released together completed in an order that changed from
+/// one process to the next (seed 490076's trace hash did). A `Notify` wakes
+/// its waiters in the order they began to wait.
+#[derive(Default)]
+struct Hold {
+    held: std::sync::atomic::AtomicBool,
+    released: tokio::sync::Notify,
+}
+
+impl Hold {
+    fn held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn set(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::SeqCst);
+        if !held {
+            self.released.notify_waiters();
+        }
+    }
+
+    async fn released(&self) {
+        loop {
+            let released = self.released.notified();
+            if !self.held() {
+                return;
+            }
+            released.await;
+        }
+    }
 }
 
 /// Which appends the planted lost write drops (the 23rd, 46th, …).
@@ -52,7 +87,7 @@ impl SimLog {
             } else {
                 MemoryLog::new()
             },
-            hold: watch::channel(false).0,
+            hold: Arc::default(),
             held_appends: Default::default(),
             drop_move_debt,
             lose_writes,
@@ -63,7 +98,7 @@ impl SimLog {
     /// While held, every append stays in flight; its outcome (written or
     /// not) is fixed when it is called, as the memory log promises.
     pub fn hold(&self, held: bool) {
-        self.hold.send_replace(held);
+        self.hold.set(held);
     }
 
     /// How many appends were called while held since the last call (two or
@@ -176,14 +211,13 @@ impl EventLog for SimLog {
             true => Box::pin(std::future::ready(Ok(positions))),
             false => Box::pin(self.inner.append(batch)),
         };
-        if *self.hold.borrow() {
+        if self.hold.held() {
             self.held_appends
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-        let mut hold = self.hold.subscribe();
+        let hold = self.hold.clone();
         async move {
-            // A closed channel (the log is being dropped) releases.
-            let _ = hold.wait_for(|held| !*held).await;
+            hold.released().await;
             appended.await
         }
     }

@@ -108,6 +108,20 @@ impl RetiredIndex {
 
     /// The record of `id`, if it left memory.
     pub fn get(&self, id: &ReservationId) -> Result<Option<Retired>, String> {
+        self.get_with(id, |bytes| Self::decode(id, bytes))?
+            .transpose()
+    }
+
+    /// The stored bytes of `id`'s record, if it left memory, handed to
+    /// `read` without a copy (decode them with [`RetiredIndex::decode`]).
+    /// For a reader that keeps what it decoded and decodes again only when
+    /// the bytes change: the simulator's checker, which reads every retired
+    /// record again after each restart.
+    pub fn get_with<T>(
+        &self,
+        id: &ReservationId,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<Option<T>, String> {
         let found = self
             .db
             .get_pinned(id.as_str().as_bytes())
@@ -117,12 +131,13 @@ impl RetiredIndex {
             "result" => if found.is_some() { "hit" } else { "miss" }
         )
         .increment(1);
-        match found {
-            None => Ok(None),
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| format!("idempotency index entry for {id} is corrupt: {e}")),
-        }
+        Ok(found.map(|bytes| read(&bytes)))
+    }
+
+    /// A record as [`RetiredIndex::get_with`] hands it over.
+    pub fn decode(id: &ReservationId, bytes: &[u8]) -> Result<Retired, String> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| format!("idempotency index entry for {id} is corrupt: {e}"))
     }
 
     /// Makes every write so far durable (before a snapshot is written).
