@@ -107,7 +107,10 @@ impl Chunk {
         let mut gates = BTreeMap::new();
         for (name, &n) in &self.gates {
             let gate = Gate::from_name(name).ok_or_else(|| format!("unknown gate {name:?}"))?;
-            gates.insert(gate, n);
+            // A summary counts only the gates that fired.
+            if n > 0 {
+                gates.insert(gate, n);
+            }
         }
         let (bounded, bounds) = match self.unknown_bounds {
             Some((samples, p50, p99, max)) => (samples, [p50, p99, max]),
