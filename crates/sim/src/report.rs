@@ -87,8 +87,14 @@ impl Summary {
         for (total, n) in self.demand.iter_mut().zip(o.demand) {
             *total += n;
         }
-        for (what, n) in &o.coverage {
-            *self.coverage.entry(what.to_string()).or_default() += n;
+        for (&what, &n) in &o.coverage {
+            // A name is allocated once per summary, not once per run.
+            match self.coverage.get_mut(what) {
+                Some(total) => *total += n,
+                None => {
+                    self.coverage.insert(what.to_string(), n);
+                }
+            }
         }
         self.trace_hashes.insert(o.seed, o.trace_hash.clone());
     }
