@@ -128,6 +128,45 @@ fn the_same_seed_gives_the_same_trace_hash() {
     assert_eq!(hashes.len(), 1, "seed 490076 gave {hashes:?}");
 }
 
+/// The writer's shards wake for a stop in shard order, whatever tokio's
+/// generator draws (each runtime here draws its own seed): they decide and
+/// append what they still hold in that order, on every replay of a seed.
+#[test]
+fn a_stop_wakes_the_shards_in_shard_order() {
+    const SHARDS: usize = 8;
+    for _ in 0..16 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let woken = runtime.block_on(async {
+            let (stop, rx) = tokio::sync::watch::channel(false);
+            let woken = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let tasks: Vec<_> = reservoir_server::writer::relay_stop(rx, SHARDS)
+                .into_iter()
+                .enumerate()
+                .map(|(shard, mut rx)| {
+                    let woken = woken.clone();
+                    tokio::spawn(async move {
+                        rx.wait_for(|s| *s).await.expect("set, not dropped");
+                        woken.lock().expect("lock").push(shard);
+                    })
+                })
+                .collect();
+            // Every shard waits before the stop is set.
+            tokio::task::yield_now().await;
+            stop.send_replace(true);
+            for task in tasks {
+                task.await.expect("task");
+            }
+            std::sync::Arc::try_unwrap(woken)
+                .expect("tasks done")
+                .into_inner()
+                .expect("lock")
+        });
+        assert_eq!(woken, (0..SHARDS).collect::<Vec<_>>());
+    }
+}
+
 #[test]
 fn every_policy_the_operator_publishes_is_valid() {
     policies_valid().expect("valid policies");

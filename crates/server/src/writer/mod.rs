@@ -79,6 +79,41 @@ pub struct WriterSetup<L> {
     pub sizer: Arc<dyn Sizer>,
 }
 
+/// One stop signal per shard, set in shard order when `stop` is set (or its
+/// sender dropped). Shards that waited on clones of one `watch` would be
+/// woken in an order tokio draws at random (a watch spreads its waiters over
+/// several `Notify`s, picked by the runtime's random generator), and so
+/// would decide and append what they still hold in a random order: the
+/// simulator's runs would not be reproducible from their seed. A watch with
+/// a single waiter wakes it, and the relay sets the shards' in order.
+pub fn relay_stop(
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    shards: usize,
+) -> Vec<tokio::sync::watch::Receiver<bool>> {
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..shards)
+        .map(|_| tokio::sync::watch::channel(false))
+        .unzip();
+    tokio::spawn(async move {
+        tokio::select! {
+            biased;
+            // Set, or the sender dropped: both read as "stop".
+            _ = stop.wait_for(|s| *s) => {}
+            // Every shard ended on its own: nothing left to stop.
+            () = every_closed(&senders) => return,
+        }
+        for sender in &senders {
+            sender.send_replace(true);
+        }
+    });
+    receivers
+}
+
+async fn every_closed(senders: &[tokio::sync::watch::Sender<bool>]) {
+    for sender in senders {
+        sender.closed().await;
+    }
+}
+
 /// Starts one task per shard and returns the handle to them.
 pub fn spawn<L: EventLog>(
     setup: WriterSetup<L>,
@@ -105,9 +140,10 @@ pub fn spawn<L: EventLog>(
     let partition_log = log.clone();
     let log_partition_for: Arc<dyn Fn(&PartitionKey) -> u32 + Send + Sync> =
         Arc::new(move |key| partition_log.log_partition_for(key));
+    let stops = relay_stop(stop, shards);
     let mut senders = Vec::with_capacity(shards);
     let mut handles = Vec::with_capacity(shards);
-    for (id, state) in states.into_iter().enumerate() {
+    for ((id, state), stop) in states.into_iter().enumerate().zip(stops) {
         let (tx, rx) = mpsc::channel(MAX_QUEUED_REQUESTS_PER_SHARD);
         senders.push(tx);
         let shard = Shard {
@@ -130,7 +166,7 @@ pub fn spawn<L: EventLog>(
             retiring: FastMap::default(),
             half_moves_checked: false,
         };
-        handles.push(tokio::spawn(shard.run(log.clone(), rx, stop.clone())));
+        handles.push(tokio::spawn(shard.run(log.clone(), rx, stop)));
     }
     (
         Writers {
