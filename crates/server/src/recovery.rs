@@ -37,7 +37,8 @@ pub struct Recovered {
     pub records: u64,
     pub events: u64,
     pub skipped_records: u64,
-    /// Records that left memory during the replay (written to the index).
+    /// Records that left memory during the replay (written to the index,
+    /// except by [`replay_state`]).
     pub evicted: u64,
     /// Whether recovery started from a snapshot.
     pub from_snapshot: bool,
@@ -72,17 +73,25 @@ pub async fn recover<L: EventReader>(
             }
         }
         if usable {
-            return replay(log, shards, Some(snapshot), retired).await;
+            return replay(log, shards, Some(snapshot), Some(retired)).await;
         }
     }
-    replay(log, shards, None, retired).await
+    replay(log, shards, None, Some(retired)).await
+}
+
+/// The state a replay of the whole log gives, with nothing written to any
+/// idempotency index: for a check that holds live state to a replay (the
+/// simulator's checker), where those writes would only be thrown away.
+/// `evicted` still counts what left memory.
+pub async fn replay_state<L: EventReader>(log: &L, shards: usize) -> Result<Recovered, String> {
+    replay(log, shards, None, None).await
 }
 
 async fn replay<L: EventReader>(
     log: &L,
     shards: usize,
     snapshot: Option<Snapshot>,
-    retired: &RetiredIndex,
+    retired: Option<&RetiredIndex>,
 ) -> Result<Recovered, String> {
     let mut out = Recovered {
         shards: (0..shards).map(|_| ShardState::default()).collect(),
@@ -190,18 +199,21 @@ async fn replay<L: EventReader>(
                             record.key, r.id
                         )
                     })?;
-                    to_write.push(Retired::new(record.key.clone(), last, r));
+                    out.evicted += 1;
+                    if retired.is_some() {
+                        to_write.push(Retired::new(record.key.clone(), last, r));
+                    }
                 }
-                if to_write.len() >= RETIRED_WRITE_BATCH {
-                    out.evicted += to_write.len() as u64;
+                if let Some(retired) = retired.filter(|_| to_write.len() >= RETIRED_WRITE_BATCH) {
                     retired.put_all(&to_write)?;
                     to_write.clear();
                 }
             }
         }
     }
-    out.evicted += to_write.len() as u64;
-    retired.put_all(&to_write)?;
+    if let Some(retired) = retired {
+        retired.put_all(&to_write)?;
+    }
     for shard in &out.shards {
         for (key, ps) in &shard.partitions {
             ps.partition

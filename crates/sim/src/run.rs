@@ -271,10 +271,6 @@ struct World {
     coverage: BTreeMap<&'static str, u64>,
     start_ms: u64,
     steps: usize,
-    /// Where the checker's own recovery writes the records it evicts: not
-    /// the node's index, which the checker would otherwise fill in behind
-    /// the node's back (a record the writer failed to keep would reappear).
-    checker_index: RetiredIndex,
     /// What the model check last decoded from the node's index.
     retired_seen: RetiredSeen,
     /// Emergency shards (see `shards`): each gateway's book, the shards,
@@ -311,7 +307,6 @@ impl World {
         let max_batch = *[2usize, 8, 64].get(rng.index(3)).expect("an index below 3");
         let dir = scratch_dir()?;
         let retired = Arc::new(RetiredIndex::open(&dir.path().join("retired"))?);
-        let checker_index = RetiredIndex::open(&dir.path().join("checker-retired"))?;
         let log = Arc::new(SimLog::new(
             ordered,
             config.plant == Some(Plant::DebtNotCarried),
@@ -363,7 +358,6 @@ impl World {
             coverage: BTreeMap::new(),
             start_ms: workload::START_MS,
             steps: config.steps,
-            checker_index,
             retired_seen: RetiredSeen::default(),
             gateways,
             shards: Vec::new(),

@@ -38,13 +38,7 @@ impl World {
             }
         }
         if with_recovery {
-            match reservoir_server::recovery::recover(
-                &*self.node.log,
-                self.node.shards,
-                None,
-                &self.checker_index,
-            )
-            .await
+            match reservoir_server::recovery::replay_state(&*self.node.log, self.node.shards).await
             {
                 Ok(recovered) => {
                     let rebuilt: Partitions = recovered
