@@ -300,7 +300,10 @@ impl Source {
 
     /// For a tool about to exit: removes the embedded reader's secondary
     /// directory and leaves the database's memory to the process exit
-    /// instead of closing it (a Kafka source is closed as usual).
+    /// instead of closing it. A Kafka source is left to the exit too: it
+    /// never produced or committed anything, and closing it destroys each
+    /// librdkafka client in turn, waiting for its threads (about 100 ms per
+    /// client: 0.26 s of a 0.37 s verify of a small topic).
     pub fn leak(self) {
         match self {
             Source::Embedded(e) => {
@@ -310,7 +313,7 @@ impl Source {
                 std::mem::forget(log);
                 drop(_secondary);
             }
-            Source::Kafka(k) => drop(k),
+            Source::Kafka(k) => std::mem::forget(k),
         }
     }
 
