@@ -82,10 +82,11 @@ pub struct WriterSetup<L> {
 /// One stop signal per shard, set in shard order when `stop` is set (or its
 /// sender dropped). Shards that waited on clones of one `watch` would be
 /// woken in an order tokio draws at random (a watch spreads its waiters over
-/// several `Notify`s, picked by the runtime's random generator), and so
-/// would decide and append what they still hold in a random order: the
-/// simulator's runs would not be reproducible from their seed. A watch with
-/// a single waiter wakes it, and the relay sets the shards' in order.
+/// several `Notify`s, picked by the runtime's random generator), and a
+/// shard woken by the stop first would decide what reached its queue
+/// meanwhile in that random order: a simulator run could then differ from
+/// its seed's replay. A watch with a single waiter wakes it, and the relay
+/// sets the shards' watches in shard order.
 pub fn relay_stop(
     mut stop: tokio::sync::watch::Receiver<bool>,
     shards: usize,
