@@ -73,7 +73,7 @@ mod topic;
 
 use append::Standing;
 pub use clients::log_error;
-use clients::{blocking, build_consumer, build_producer, leadership_moving};
+use clients::{blocking, build_consumer, build_producer, leadership_moving, release};
 pub use config::{BrokerQuirks, KafkaConfig};
 use read::{decode_claim, PartitionReader, Read, ReadTo};
 pub use reservoir_core::placement::{log_partition_of_route, murmur2_partition};
@@ -114,6 +114,23 @@ struct Inner {
     standing: Vec<Mutex<Standing>>,
     /// Entries the appends' read-backs have read (see [`KafkaLog::read_back_entries`]).
     read_back_entries: AtomicU64,
+}
+
+impl Drop for Inner {
+    /// Hands the producer and the readers' consumers to [`release`]: each
+    /// `rd_kafka_destroy` waits about 100 ms for the client's threads, and a
+    /// node shutting down or a replay ending has nothing to wait for. The
+    /// producer holds no unacknowledged record anyone was told is written:
+    /// an append answers only after its deliveries.
+    fn drop(&mut self) {
+        let producer = self.producer.get_mut().map(|p| p.clone()).ok();
+        let readers: Vec<PartitionReader> = self
+            .readers
+            .iter_mut()
+            .filter_map(|r| r.get_mut().ok()?.take())
+            .collect();
+        release((producer, readers));
+    }
 }
 
 /// The Kafka implementation of [`EventLog`]. Cheap to clone.

@@ -483,7 +483,10 @@ impl Inner {
                 }
                 Err(error) => {
                     debug!(log_partition, %error, "a reader could not seek; a fresh one is assigned");
-                    reader.consumer = build_consumer(&self.config)?;
+                    release(std::mem::replace(
+                        &mut reader.consumer,
+                        build_consumer(&self.config)?,
+                    ));
                     reader.fetch = Fetch::Unassigned;
                 }
             }

@@ -41,21 +41,6 @@ pub(super) async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> 
     checked
 }
 
-/// Destroys a librdkafka client on a thread of its own. `rd_kafka_destroy`
-/// waits for the client's threads to end, about 100 ms on loopback (measured
-/// on Apache Kafka 4.2.2: dropping the probe's consumer and the admin client
-/// were 200 of the 290 ms a replay took to connect); nothing here needs to
-/// wait for it.
-fn release<T: Send + 'static>(client: T) {
-    let spawned = std::thread::Builder::new()
-        .name("rdkafka-release".into())
-        .spawn(move || drop(client));
-    if let Err(e) = spawned {
-        // No thread to spare: the client was dropped with the closure.
-        tracing::debug!(error = %e, "destroyed a Kafka client in place");
-    }
-}
-
 fn admin_client(config: &KafkaConfig) -> Result<AdminClient<DefaultClientContext>, LogError> {
     config
         .client_config()
