@@ -13,9 +13,12 @@ use utoipa::ToSchema;
 use crate::problem::ApiError;
 use crate::sizing::EstimatorBody;
 use crate::views::{LogPosition, PartitionKeyView};
+
+mod numbers;
 // ---------------------------------------------------------------- bodies
 
-/// A JSON body, read with the configured size limit. Empty bodies count as `{}`.
+/// A JSON body, read with the configured size limit. Empty bodies count as
+/// `{}`; integral numbers written as `600.0` or `1e3` count as integers.
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
@@ -54,16 +57,33 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         } else {
             &bytes
         };
-        serde_json::from_slice(bytes)
-            .map(ApiJson)
-            .map_err(|e| match e.classify() {
-                serde_json::error::Category::Data => ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_request",
-                    e.to_string(),
-                ),
-                _ => ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()),
-            })
+        let refused = match serde_json::from_slice(bytes) {
+            Ok(body) => return Ok(ApiJson(body)),
+            Err(e) => e,
+        };
+        // A well-formed body of the wrong shape: it may be `600.0` where an
+        // integer belongs, which the schema allows (see [`numbers`]).
+        let rewritten = match refused.classify() {
+            serde_json::error::Category::Data => numbers::integral_as_integers(bytes),
+            _ => None,
+        };
+        match rewritten {
+            Some(body) => serde_json::from_slice(&body)
+                .map(ApiJson)
+                .map_err(body_error),
+            None => Err(body_error(refused)),
+        }
+    }
+}
+
+fn body_error(e: serde_json::Error) -> ApiError {
+    match e.classify() {
+        serde_json::error::Category::Data => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            e.to_string(),
+        ),
+        _ => ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()),
     }
 }
 

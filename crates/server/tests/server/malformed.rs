@@ -68,6 +68,14 @@ async fn malformed_requests_get_problem_json() {
             "invalid_request",
         ),
         (
+            // An integral float is an integer, but a duplicate key is still refused.
+            "POST",
+            reserve.into(),
+            r#"{"id":"a","subject":"t","route":"r","units":1.0,"units":2}"#.into(),
+            422,
+            "invalid_request",
+        ),
+        (
             "POST",
             reserve.into(),
             r#"{"id":"a","subject":"t","route":"r","units":"10"}"#.into(),
@@ -160,11 +168,19 @@ async fn malformed_requests_get_problem_json() {
             "invalid_request",
         ),
         (
+            // `1e3` is the integer 1000 (JSON Schema's reading); `1e-3` is not.
+            "POST",
+            "/v1/reservations/ok-1/settle".into(),
+            r#"{"actual_units":1e-3}"#.into(),
+            422,
+            "invalid_request",
+        ),
+        (
             "POST",
             "/v1/reservations/ok-1/settle".into(),
             r#"{"actual_units":1e3}"#.into(),
-            422,
-            "invalid_request",
+            409,
+            "wrong_state",
         ),
         (
             "POST",
@@ -306,4 +322,54 @@ async fn malformed_requests_get_problem_json() {
     assert_eq!(status, StatusCode::OK);
     s.assert_conserved().await;
     s.stop().await;
+}
+
+/// JSON Schema counts `600.0` as an integer, and so does the API: a gateway
+/// whose encoder writes floats (Python's `json.dumps(600.0)`) is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integral_floats_are_integers() {
+    let (s, _dir) = TestServer::embedded().await;
+    let (status, body) = s
+        .post(
+            "/v1/policies",
+            serde_json::json!({"accounting_epoch": "e", "policy": policy("t", "r", 1, 1_000, 0)}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, r) = s
+        .post(
+            "/v1/reservations",
+            serde_json::json!({"id": "f-1", "subject": "t", "route": "r", "units": 600.0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{r}");
+    assert_eq!(r["held_units"], 600, "{r}");
+    let (status, r) = s
+        .post(
+            "/v1/reservations/f-1/start",
+            serde_json::json!({"operation_id": "op-1"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let (status, r) = s
+        .post(
+            "/v1/reservations/f-1/settle",
+            serde_json::json!({"actual_units": 180.0, "operation_id": "op-1"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(r["actual_units"], 180, "{r}");
+    // A fraction is still refused, with serde's own words.
+    let (status, problem) = s
+        .post(
+            "/v1/reservations",
+            serde_json::json!({"id": "f-2", "subject": "t", "route": "r", "units": 600.5}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("floating point `600.5`"), "{detail}");
+    let parts = s.assert_conserved().await;
+    let p = &parts[0];
+    assert_eq!(p["available_units"], 1_000 - 180, "{p}");
 }
