@@ -21,13 +21,10 @@ pub(super) fn store_failure(e: ProjectionError) -> ApiError {
 pub(super) fn path_value(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(raw) =
         path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.body_text()))?;
-    if raw.is_empty() || raw.contains('|') {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_path",
-            "identifiers are non-empty and never contain `|`",
-        ));
-    }
+    // The rule every subject, route and tenant was written under, so a
+    // value outside it names nothing (and the OpenAPI document says so).
+    reservoir_core::types::validate_id("path identifier", &raw)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_path", e.to_string()))?;
     Ok(raw)
 }
 

@@ -344,8 +344,10 @@ async fn a_position_past_the_log_is_409_at_once_and_bad_params_are_400() {
             "{bad}: {body}"
         );
     }
+    // An id outside the id rule names nothing: 400, as the OpenAPI document says.
     let (status, body) = s.get("/v1/projections/reservations/bad%20id").await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(problem_type(&body), "invalid_path", "{body}");
     s.assert_conserved().await;
     s.stop().await;
 }
