@@ -248,6 +248,7 @@ pub struct RollbackBody {
     /// default the active one + 1. Naming it makes a retried rollback
     /// idempotent: once that generation runs, the same call answers 200.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     pub generation: Option<u64>,
 }
 

@@ -452,7 +452,19 @@ impl Shard {
             })
             .max_by_key(|(k, _)| (k.policy_generation, k.accounting_epoch.clone()))
             .and_then(|(_, ps)| ps.partition.policy.clone());
-        let generation = generation.unwrap_or(active.policy_generation.saturating_add(1));
+        let next = active.policy_generation.saturating_add(1);
+        if generation.is_none() && next > reservoir_core::policy::MAX_GENERATION {
+            // The active policy holds the highest generation there may be
+            // (a rollback naming one gets the policy's own 422 instead).
+            return Pending::Ready(Err(Failure::Conflict {
+                code: "generation_exhausted",
+                detail: format!(
+                    "generation {} is the highest a policy may have: there is none above it to roll back into",
+                    active.policy_generation
+                ),
+            }));
+        }
+        let generation = generation.unwrap_or(next);
         let Some(mut policy) = previous else {
             // A repeated rollback whose generation already runs is answered as done.
             return match self.state.active.get(&(subject, route)) {

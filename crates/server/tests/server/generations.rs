@@ -295,3 +295,22 @@ async fn sigkill_between_the_halves_of_a_move_is_completed_by_recovery() {
     server.child.kill().expect("SIGKILL");
     server.child.wait().expect("reaped");
 }
+
+/// A policy may hold generation 2^53, the highest there is; a rollback
+/// without a generation then has none above it to run as, and says so
+/// (409) rather than refusing the policy it would have made (found by
+/// `scripts/fuzz-openapi`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_above_the_highest_generation_is_a_conflict() {
+    let (s, _dir) = TestServer::embedded().await;
+    let highest = reservoir_core::policy::MAX_GENERATION;
+    s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
+    let (status, body) = s.publish(&policy("t", "r", highest, 1_000, 0), "e").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = s.post("/v1/policies/t/r/rollback", json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(problem_type(&body), "generation_exhausted", "{body}");
+    let parts = s.assert_conserved().await;
+    assert_eq!(parts.len(), 2);
+    s.stop().await;
+}
