@@ -262,7 +262,7 @@ pub struct RollbackBody {
         (status = 201, description = "The earlier policy runs as the new generation", body = PublishedPolicy),
         (status = 200, description = "That rollback already ran", body = PublishedPolicy),
         (status = 404, description = "No policy published", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Nothing to roll back to, or the generation is not above the active one", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing to roll back to, the generation is not above the active one, or the active one is the highest there may be (generation_exhausted)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn rollback_policy(
     State(state): State<AppState>,
