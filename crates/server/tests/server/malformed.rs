@@ -329,12 +329,7 @@ async fn malformed_requests_get_problem_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn integral_floats_are_integers() {
     let (s, _dir) = TestServer::embedded().await;
-    let (status, body) = s
-        .post(
-            "/v1/policies",
-            serde_json::json!({"accounting_epoch": "e", "policy": policy("t", "r", 1, 1_000, 0)}),
-        )
-        .await;
+    let (status, body) = s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let (status, r) = s
         .post(
@@ -369,6 +364,20 @@ async fn integral_floats_are_integers() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
     let detail = problem["detail"].as_str().unwrap();
     assert!(detail.contains("floating point `600.5`"), "{detail}");
+    // The rewrite works on the bytes: a duplicate key is refused as such
+    // (a parse to a `Value` would have kept the last one and admitted it).
+    let response = s
+        .client
+        .post(format!("{}/v1/reservations", s.base))
+        .header("content-type", "application/json")
+        .body(r#"{"id":"f-3","subject":"t","route":"r","units":1.0,"units":2}"#)
+        .send()
+        .await
+        .unwrap();
+    let (status, problem) = split(response).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("duplicate field `units`"), "{detail}");
     let parts = s.assert_conserved().await;
     let p = &parts[0];
     assert_eq!(p["available_units"], 1_000 - 180, "{p}");
