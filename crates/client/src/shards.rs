@@ -452,12 +452,17 @@ impl ShardBook {
         }
     }
 
-    /// Units a request holds locally: its own units, or counted input plus
-    /// the output limit (the request's, else the route's default). A request
-    /// with no bound on its output is not admitted offline.
+    /// Units a request holds locally, in the route's capacity unit (the
+    /// unit a settle reports in): its own units; one, on a route that limits
+    /// requests; else counted input plus the output limit (the request's,
+    /// else the route's default). A token-sized request with no bound on its
+    /// output is not admitted offline. With no route known, a sized request
+    /// is held in tokens, as its settle will count it.
     fn units_of(request: &ReserveRequest, route: Option<&RouteInfo>) -> Option<u64> {
+        let requests = route.is_some_and(|r| r.capacity_unit == crate::CapacityUnit::Requests);
         match request.sizing {
             Sizing::Units(units) => Some(units),
+            Sizing::Tokens { .. } if requests => Some(1),
             Sizing::Tokens {
                 counted_input_tokens,
                 max_tokens,
@@ -656,6 +661,45 @@ mod tests {
         assert!(book
             .reserve(&ReservationId::new("d").unwrap(), &unbounded, None)
             .is_none());
+    }
+
+    /// On a route that limits requests a sized call holds one unit, the
+    /// one its settle reports, not its tokens; on a tokens route it holds
+    /// counted input plus its output limit.
+    #[test]
+    fn a_sized_call_holds_units_of_its_routes_capacity_unit() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let public_key = hex::encode(key.verifying_key().to_bytes());
+        let book_of = |units| {
+            let book = ShardBook::new("gw", 1, &public_key)
+                .unwrap()
+                .with_clock(Arc::new(|| 1_500));
+            book.install(signed(&key, units)).unwrap();
+            book
+        };
+        let mut route = RouteInfo {
+            subject: "t".into(),
+            route: "r".into(),
+            policy_generation: 1,
+            default_max_tokens: Some(1_000),
+            priority: 0,
+            capacity_unit: crate::CapacityUnit::Requests,
+        };
+        let sized = ReserveRequest::tokens("t", "r", 500, None);
+        let id = |s: &str| ReservationId::new(s).unwrap();
+        let requests = book_of(3);
+        let _held: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .map(|s| requests.reserve(&id(s), &sized, Some(&route)).unwrap())
+            .collect();
+        assert_eq!(requests.books("sh-1").unwrap().local_reserved_units, 3);
+        assert!(requests.reserve(&id("d"), &sized, Some(&route)).is_none());
+
+        route.capacity_unit = crate::CapacityUnit::Tokens;
+        let tokens = book_of(2_000);
+        let _hold = tokens.reserve(&id("e"), &sized, Some(&route)).unwrap();
+        assert_eq!(tokens.books("sh-1").unwrap().local_reserved_units, 1_500);
+        assert!(tokens.reserve(&id("f"), &sized, Some(&route)).is_none());
     }
 
     /// The two halves of a reconcile: the body is fixed at the first begin
