@@ -38,7 +38,9 @@
 //!   rounds late, answered by then from the on-disk idempotency index; and
 //!   partitions a gateway from the ledger for 2–8 rounds (it sends nothing,
 //!   hears nothing; its calls wait and retry).
-//! - Emergency shards of `embed` ([`run`]'s `shards`): issued to a gateway
+//! - Emergency shards of `embed`, and now and then of `chat` (of its
+//!   primary dimension, requests; its token dimensions are not carved)
+//!   ([`run`]'s `shards`): issued to a gateway
 //!   (the server's own body translation, signed with a fixed key), held in
 //!   the client crate's real `ShardBook`, spent by local calls while the
 //!   gateway is cut off (settled below and above the hold, released, usage
@@ -94,7 +96,9 @@
 //! translations, not a socket); the real client crate's request loop
 //! (`crates/client`: its retry loop, streaming guard, fair scheduler) — the
 //! gateways' calls here are the simulator's own, only the shard book is the
-//! client's; shards of a multi-dimension route (`chat`); several nodes and Kafka
+//! client's; shards that carve a route's token dimensions (a shard of
+//! `chat` carves requests only: a cut-off gateway's tokens are not bounded
+//! by it, and not recorded on reconcile); several nodes and Kafka
 //! ownership (beyond the one zombie above); the projector and replay;
 //! stream-cancel; a gate for "UNKNOWN never counted as unused" beyond core's
 //! state machine (which has no edge from a started call to a refund). The
@@ -229,12 +233,9 @@ pub fn run_seeds(
 
 /// The one command that replays a run of `config` exactly.
 pub fn replay_command(seed: u64, config: &RunConfig) -> String {
-    let plant = config
-        .plant
-        .map_or(String::new(), |p| format!(" --plant {}", p.name()));
-    let zombies = if config.zombies { "" } else { " --no-zombies" };
     format!(
-        "reservoir-sim --seed {seed} --steps {}{plant}{zombies}",
-        config.steps
+        "reservoir-sim --seed {seed} --steps {}{}",
+        config.steps,
+        config.flags()
     )
 }

@@ -49,6 +49,10 @@ struct Cli {
     /// writers are on by default).
     #[arg(long)]
     no_zombies: bool,
+    /// No emergency shards of `chat`: the interleavings seeds ran before
+    /// they were simulated (not for the release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    no_chat_shards: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
         plant: cli.plant,
         keep_trace: cli.trace && cli.interleavings.is_none(),
         zombies: !cli.no_zombies,
+        chat_shards: !cli.no_chat_shards,
     };
     if !cli.merge.is_empty() {
         return merge(&cli.merge);
@@ -250,12 +255,10 @@ fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
         }
     }
     println!(
-        "reservoir-sim --interleavings {n} --seed {} --steps {}{}{}",
+        "reservoir-sim --interleavings {n} --seed {} --steps {}{}",
         cli.seed,
         cli.steps,
-        cli.plant
-            .map_or(String::new(), |p| format!(" --plant {}", p.name())),
-        if config.zombies { "" } else { " --no-zombies" }
+        config.flags()
     );
     println!("runs digest {}", summary.runs_digest());
     println!();

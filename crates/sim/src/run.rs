@@ -97,6 +97,10 @@ pub struct RunConfig {
     /// Take-overs that leave the old process running (a zombie), on by
     /// default (see "What it found" in the crate docs).
     pub zombies: bool,
+    /// Emergency shards of `chat` (three dimensions) beside those of
+    /// `embed`, on by default. Off, a seed runs the interleaving it ran
+    /// before they were simulated (`--no-chat-shards`).
+    pub chat_shards: bool,
 }
 
 impl RunConfig {
@@ -106,7 +110,23 @@ impl RunConfig {
             plant: None,
             keep_trace: false,
             zombies: true,
+            chat_shards: true,
         }
+    }
+
+    /// The command-line flags that select this configuration beside
+    /// `--steps` (empty for the default one).
+    pub fn flags(&self) -> String {
+        let mut flags = self
+            .plant
+            .map_or(String::new(), |p| format!(" --plant {}", p.name()));
+        if !self.zombies {
+            flags.push_str(" --no-zombies");
+        }
+        if !self.chat_shards {
+            flags.push_str(" --no-chat-shards");
+        }
+        flags
     }
 }
 
@@ -253,6 +273,7 @@ struct World {
     /// The old process's writers after a take-over, while they run.
     zombie: Option<crate::node::Zombie>,
     zombies: bool,
+    chat_shards: bool,
     /// A snapshot being taken this round: its cut, and each shard's part.
     taking: Option<(reservoir_server::snapshot::Cut, Vec<Option<SnapshotPart>>)>,
     /// Copies of call requests the network holds: (round due, call, phase).
@@ -344,6 +365,7 @@ impl World {
             planted: VecDeque::new(),
             zombie: None,
             zombies: config.zombies,
+            chat_shards: config.chat_shards,
             taking: None,
             delayed: Vec::new(),
             round: 0,

@@ -33,8 +33,9 @@ pub const TENANTS: [Tenant; 3] = [
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Route {
     /// Three dimensions (requests, input tokens, output tokens), a named
-    /// accounting epoch, and generations published and rolled back by the
-    /// operator while reservations are in flight.
+    /// accounting epoch, generations published and rolled back by the
+    /// operator while reservations are in flight, and now and then an
+    /// emergency shard (of requests: the primary dimension).
     Chat,
     /// One dimension (tokens) whose accounting epochs roll every hour, with
     /// emergency shards.
@@ -118,6 +119,8 @@ pub fn policy(tenant: Tenant, route: Route, generation: u64, variant: u64) -> Po
                     2_000,
                 ),
             ];
+            // Shards of it are asked for only with `RunConfig::chat_shards`.
+            p.emergency_mode = EmergencyMode::Enabled;
         }
         Route::Embed => {
             p.capacity_unit = CapacityUnit::Tokens;

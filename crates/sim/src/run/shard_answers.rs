@@ -89,6 +89,9 @@ impl World {
                 self.shards[s].phase = ShardPhase::Held;
                 self.shards[s].document = Some(held.clone());
                 self.count("shard issued");
+                if self.shards[s].route == Route::Chat {
+                    self.count("shard of chat issued");
+                }
             }
             Err(reservoir_client::shards::ShardRefused::Expired) => {
                 self.shards[s].phase = ShardPhase::Abandoned;
@@ -144,6 +147,9 @@ impl World {
             "overspent" => "shard reconciled: overspent, the excess is debt",
             _ => "shard reconciled: some units stay retired (late, or no room)",
         });
+        if outcome.target.policy_generation != outcome.record.source.policy_generation {
+            self.count("shard reconciled into a later generation");
+        }
         let mut out = Vec::new();
         self.check_remint(s, &outcome.record, &mut out);
         self.findings.extend(out);

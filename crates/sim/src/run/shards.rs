@@ -1,5 +1,7 @@
 //! Emergency shards, end to end: each gateway asks the ledger for shards of
-//! `embed` (the route with emergency mode on), is now and then cut off from
+//! `embed` (tokens), now and then of `chat` (requests, with input and output
+//! tokens beside them: a shard carves the primary dimension only, so its
+//! calls hold and report one unit each), is now and then cut off from
 //! the ledger for some rounds (a network partition: nothing it sends
 //! arrives, no answer reaches it) and admits from its shards meanwhile
 //! through the client crate's real [`ShardBook`] (the client's
@@ -98,6 +100,7 @@ pub(super) struct SimShard {
     pub(super) gateway: usize,
     pub(super) boot_epoch: u64,
     pub(super) tenant: usize,
+    pub(super) route: Route,
     pub(super) units: u64,
     pub(super) ttl_ms: u64,
     pub(super) phase: ShardPhase,
@@ -202,12 +205,20 @@ impl World {
             if self.gateways[g].cut_off == 0 && live < SHARDS_PER_GATEWAY {
                 let boot_epoch = self.gateways[g].boot_epoch;
                 let id = format!("gw-{g}-b{boot_epoch}-s{}", self.shards.len());
+                let tenant = self.rng.index(TENANTS.len());
+                let route = self.shard_route();
+                let units = match route {
+                    Route::Embed => self.rng.range(500, 3_000),
+                    // Requests: a few calls' worth.
+                    Route::Chat => self.rng.range(1, 4),
+                };
                 self.shards.push(SimShard {
                     id,
                     gateway: g,
                     boot_epoch,
-                    tenant: self.rng.index(TENANTS.len()),
-                    units: self.rng.range(500, 3_000),
+                    tenant,
+                    route,
+                    units,
                     ttl_ms: self.rng.range(30_000, 600_000),
                     phase: ShardPhase::Asking,
                     document: None,
@@ -219,6 +230,15 @@ impl World {
                     admitted_offline: false,
                 });
             }
+        }
+    }
+
+    /// The route of a new shard, or of a local call no shard was picked
+    /// for: now and then `chat` (see `RunConfig::chat_shards`).
+    fn shard_route(&mut self) -> Route {
+        match self.chat_shards && self.rng.chance(250) {
+            true => Route::Chat,
+            false => Route::Embed,
         }
     }
 
@@ -309,16 +329,24 @@ impl World {
         let candidates: Vec<usize> = (0..self.shards.len())
             .filter(|&s| self.shards[s].gateway == g && self.shards[s].phase == ShardPhase::Held)
             .collect();
-        // Mostly a tenant the gateway holds a shard for; now and then any.
-        let tenant = match candidates.is_empty() || self.rng.chance(200) {
-            true => self.rng.index(TENANTS.len()),
-            false => self.shards[candidates[self.rng.index(candidates.len())]].tenant,
+        // Mostly a tenant and route the gateway holds a shard for; now and
+        // then any.
+        let (tenant, route) = match candidates.is_empty() || self.rng.chance(200) {
+            true => (self.rng.index(TENANTS.len()), self.shard_route()),
+            false => {
+                let s = &self.shards[candidates[self.rng.index(candidates.len())]];
+                (s.tenant, s.route)
+            }
         };
-        let units = self.rng.range(100, 1_500);
+        let units = match route {
+            Route::Embed => self.rng.range(100, 1_500),
+            // A route that limits requests holds one per call.
+            Route::Chat => 1,
+        };
         let gateway = &mut self.gateways[g];
         gateway.local_calls += 1;
         let id = format!("gw-{g}-b{}-l{}", gateway.boot_epoch, gateway.local_calls);
-        let request = ReserveRequest::units(TENANTS[tenant].name, Route::Embed.name(), units);
+        let request = ReserveRequest::units(TENANTS[tenant].name, route.name(), units);
         let client_id = reservoir_client::ReservationId::new(id.clone()).expect("a plain id");
         let before: Vec<u64> = candidates
             .iter()
@@ -345,6 +373,7 @@ impl World {
         shard.open += units;
         shard.admitted_offline = true;
         let line = format!("  {id} local {units} -> held by {}", shard.id);
+        let chat = shard.route == Route::Chat;
         if shard.consumed() > shard.units {
             let detail = format!(
                 "shard {} of {} units: {} consumed or held across its books",
@@ -356,6 +385,9 @@ impl World {
         }
         self.note(line);
         self.count("local call admitted from a shard");
+        if chat {
+            self.count("local call admitted from a shard of chat");
+        }
         self.local_calls.push(LocalCall {
             id,
             gateway: g,
@@ -367,8 +399,9 @@ impl World {
 
     /// The writer shard that decides shard `s`'s requests.
     fn writer_of(&self, s: usize) -> usize {
-        let tenant = TENANTS[self.shards[s].tenant].name;
-        self.node.writers.shard_of(tenant, Route::Embed.name())
+        let shard = &self.shards[s];
+        let tenant = TENANTS[shard.tenant].name;
+        self.node.writers.shard_of(tenant, shard.route.name())
     }
 
     fn reserved_in_book(&self, s: usize) -> u64 {
@@ -384,9 +417,15 @@ impl World {
     fn end_local_call(&mut self, call: LocalCall) {
         let shard = &mut self.shards[call.shard];
         shard.open -= call.units;
+        // A request counts one, or two when the call made another on the
+        // way (above its hold); tokens up to half again the hold.
+        let most = match shard.route {
+            Route::Embed => call.units * 3 / 2,
+            Route::Chat => 2,
+        };
         let what = match self.rng.below(100) {
             0..=69 => {
-                let used = self.rng.range(0, call.units * 3 / 2);
+                let used = self.rng.range(0, most);
                 call.hold.settle(&Settlement {
                     actual_units: used,
                     operation_id: None,
@@ -495,7 +534,7 @@ impl World {
         }
         let body = IssueShardBody {
             subject: TENANTS[shard.tenant].name.to_string(),
-            route: Route::Embed.name().to_string(),
+            route: shard.route.name().to_string(),
             units: shard.units,
             gateway_id: gateway_id(shard.gateway),
             gateway_boot_epoch: shard.boot_epoch,
