@@ -165,11 +165,13 @@ def publish(
     max_reservation: int | None = None,
     estimator: dict[str, Any] | None = None,
     three_dimensions: bool = False,
+    emergency: bool = False,
     token: str | None = None,
 ) -> None:
     """Publishes generation 1 of a token policy, opening full; with
     ``three_dimensions``, 1,000 requests (the primary dimension) plus ``burst``
-    input tokens and ``burst`` output tokens, as a provider limits them."""
+    input tokens and ``burst`` output tokens, as a provider limits them;
+    with ``emergency``, shards may be carved from it."""
     policy = {
         "subject": subject,
         "route": route,
@@ -184,7 +186,7 @@ def publish(
         "hard_execution_limit_ms": 600_000,
         "max_overdraft_units": burst,
         "priority": 0,
-        "emergency_mode": "disabled",
+        "emergency_mode": "enabled" if emergency else "disabled",
         "shadow_mode": False,
         "generation": 1,
     }

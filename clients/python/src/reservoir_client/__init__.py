@@ -13,11 +13,14 @@ capacity before a provider call and settle it after.
   streams bound to a reservation, settled against the running count
   (``meter.py``) on completion, error, cancellation or disconnect.
 
+- :class:`ShardBook` (``shards.py``): emergency shards, the gateway-side
+  buckets for when the ledger is unreachable, as the clients' ``fallback=``;
+  ``issue_shard`` and ``reconcile_shard`` on either client.
+
 It mirrors the Rust client (``crates/client``, issue 13) over the same HTTP
 contract. ``token=`` is sent as ``Authorization: Bearer``; the ledger's 401
 and 403 are :class:`Unauthorized` and :class:`Forbidden`. Not in this
-version: emergency shards (the gateway-side buckets for when the ledger is
-unreachable) and the fair start scheduler.
+version: the fair start scheduler.
 """
 
 from .client import AsyncReservoir, Reservoir, new_reservation_id
@@ -41,6 +44,7 @@ from .errors import (
 from .max_tokens import requested_max_tokens, with_default_max_tokens
 from .meter import StreamMeter, default_estimate_tokens
 from .retry import RetryPolicy
+from .shards import LocalReceipt, ReconcileOutcome, ShardBook, ShardBooks, ShardDocument, ShardRefused
 from .stream import AsyncGuardedStream, GuardedStream, guarded_stream
 from .types import LogPosition, PartitionView, Receipt, SizingReceipt, Usage
 
@@ -55,17 +59,23 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidRequest",
     "LedgerUnreachable",
+    "LocalReceipt",
     "LogPosition",
     "NoPolicy",
     "OutcomeUnknown",
     "PartitionView",
     "ProblemError",
     "Receipt",
+    "ReconcileOutcome",
     "RequestTooLarge",
     "ReservationUnknown",
     "Reservoir",
     "ReservoirError",
     "RetryPolicy",
+    "ShardBook",
+    "ShardBooks",
+    "ShardDocument",
+    "ShardRefused",
     "SizingReceipt",
     "StreamMeter",
     "Unauthorized",

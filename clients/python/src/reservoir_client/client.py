@@ -7,8 +7,15 @@ the client's :class:`~reservoir_client.retry.RetryPolicy` with the same id and
 body on every try; see :mod:`reservoir_client.retry` for what is retried.
 
 Bearer tokens: ``token=`` is sent as ``Authorization: Bearer <token>`` on every
-request. The server does not check it yet (authentication is issue 17); it is
-accepted now so gateways can configure it before the server enforces it.
+request; the ledger's 401 and 403 are :class:`~reservoir_client.errors.Unauthorized`
+and :class:`~reservoir_client.errors.Forbidden`.
+
+Emergency shards: with ``fallback=`` a :class:`~reservoir_client.shards.ShardBook`,
+a reserve that reached no ledger (:class:`~reservoir_client.errors.LedgerUnreachable`)
+is admitted from a shard if one fits; its receipt names the shard in
+``extra["local_shard_id"]``, and its ``start``, ``settle``, ``release`` and
+``get_reservation`` stay in the book. ``issue_shard`` and ``reconcile_shard``
+ask the ledger for a shard and give its unused units back.
 """
 
 from __future__ import annotations
@@ -16,15 +23,17 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Mapping
 from urllib.parse import quote
 
 import anyio
 import httpx
 
-from .errors import ProblemError, ReservationUnknown, problem_from_response
+from .errors import LedgerUnreachable, ProblemError, ReservationUnknown, problem_from_response
 from .max_tokens import with_default_max_tokens
 from .retry import Attempts, RetryPolicy
+from .shards import ReconcileOutcome, ShardBook, ShardDocument
 from .types import PartitionView, Receipt, Usage
 
 __all__ = ["AsyncReservoir", "Reservoir", "new_reservation_id"]
@@ -81,6 +90,9 @@ class _Protocol:
             self.headers["authorization"] = f"Bearer {token}"
         self.policy_cache_ttl_s = policy_cache_ttl_s
         self._max_tokens_cache: dict[tuple[str, str], tuple[float, int | None]] = {}
+        self.fallback: ShardBook | None = None
+        #: Reservations admitted from a shard: id → their latest local receipt.
+        self.local: dict[str, Receipt] = {}
 
     def attempts(self, request: _Request) -> Attempts:
         return Attempts(
@@ -192,6 +204,132 @@ class _Protocol:
     def cache_max_tokens(self, subject: str, route: str, value: int | None) -> None:
         self._max_tokens_cache[(subject, route)] = (time.monotonic(), value)
 
+    # Emergency shards: the book's side of each step (no I/O).
+
+    def book(self) -> ShardBook:
+        if self.fallback is None:
+            raise ValueError("this client has no shard book: pass fallback=ShardBook(...)")
+        return self.fallback
+
+    def reached(self) -> None:
+        """The ledger answered (anything): a later failure counts from one again."""
+        if self.fallback is not None:
+            self.fallback.note_ledger_reachable()
+
+    def local_reserve(self, unreachable: LedgerUnreachable, request: _Request) -> Receipt:
+        """A reserve that reached no ledger, admitted from a shard, or the
+        ``LedgerUnreachable`` again (fail closed)."""
+        body = request.body or {}
+        rid = request.reservation_id
+        if self.fallback is None or rid is None:
+            raise unreachable
+        held = self.fallback.reserve(
+            rid,
+            body["subject"],
+            body["route"],
+            units=body.get("units"),
+            counted_input_tokens=body.get("counted_input_tokens"),
+            max_tokens=body.get("max_tokens"),
+        )
+        if held is None:
+            raise unreachable
+        shard_id, units = held
+        receipt = Receipt(
+            id=rid,
+            subject=body["subject"],
+            route=body["route"],
+            state="RESERVED",
+            reserved_units=units,
+            held_units=units,
+            created=True,
+            extra={"local_shard_id": shard_id},
+        )
+        self.local[rid] = receipt
+        return receipt
+
+    def local_step(
+        self,
+        reservation_id: str,
+        step: str,
+        *,
+        operation_id: str | None = None,
+        actual_units: int | None = None,
+        usage: Usage | None = None,
+    ) -> Receipt | None:
+        """``step`` (start, settle, release, get) of a reservation admitted
+        from a shard: its new local receipt, or ``None`` if it is not local.
+        A repeat of the step that ended it answers that receipt again."""
+        receipt = self.local.get(reservation_id)
+        if receipt is None or self.fallback is None:
+            return None
+        ends = {"settle": "SETTLED", "release": "RELEASED"}
+        if step == "get" or (receipt.terminal and ends.get(step) == receipt.state):
+            return receipt
+        # As on the ledger: release gives back a call that never started.
+        allowed = {"start": ("RESERVED",), "settle": ("RESERVED", "STARTED"), "release": ("RESERVED",)}
+        if receipt.state not in allowed[step]:
+            raise ValueError(f"local reservation {reservation_id} is {receipt.state}: cannot {step}")
+        book = self.fallback
+        ended = True
+        if step == "start":
+            new = replace(receipt, state="STARTED", operation_id=operation_id, created=False)
+        elif step == "settle":
+            used = actual_units
+            if used is None:
+                if usage is None:
+                    raise ValueError("give actual_units, or usage to count the units from")
+                input_tokens = usage.reported_input_tokens or usage.counted_input_tokens or 0
+                used = book.units_used(reservation_id, input_tokens, usage.output_tokens or 0)
+            ended = book.settle(reservation_id, used)
+            new = replace(receipt, state="SETTLED", actual_units=used, held_units=0, created=False)
+        else:
+            ended = book.release(reservation_id)
+            new = replace(receipt, state="RELEASED", held_units=0, created=False)
+        if not ended:
+            # Marked usage-unknown in the book meanwhile: its hold stays retired.
+            raise ValueError(f"local reservation {reservation_id} is no longer open in the shard book")
+        self.local[reservation_id] = new
+        return new
+
+    def issue_shard(self, subject: str, route: str, units: int, ttl_ms: int, shard_id: str | None) -> _Request:
+        book = self.book()
+        sid = shard_id or f"sh-{uuid.uuid4().hex}"
+        body = {
+            "subject": subject,
+            "route": route,
+            "units": units,
+            "gateway_id": book.gateway_id,
+            "gateway_boot_epoch": book.boot_epoch,
+            "ttl_ms": ttl_ms,
+            "shard_id": sid,
+        }
+        return _Request("POST", "/v1/shards", body)
+
+    def install_issued(self, response: httpx.Response, active_policy: Mapping[str, Any]) -> ShardDocument:
+        """The issued shard into the book, in the unit of the policy it was
+        carved under (tokens, the conservative reading, if the active policy
+        is already another generation)."""
+        document = ShardDocument.from_json(response.json())
+        policy = active_policy.get("policy")
+        same = isinstance(policy, Mapping) and policy.get("generation") == document.policy_generation
+        unit = policy.get("capacity_unit") if same and isinstance(policy, Mapping) else "tokens"
+        return self.book().install(
+            document,
+            capacity_unit="requests" if unit == "requests" else "tokens",
+            default_max_tokens=self.default_max_tokens(active_policy) if same else None,
+        )
+
+    def begin_reconcile(self, shard_id: str) -> ReconcileOutcome | _Request:
+        begun = self.book().begin_reconcile(shard_id)
+        if isinstance(begun, ReconcileOutcome):
+            return begun
+        return _Request("POST", f"/v1/shards/{_seg(shard_id)}/reconcile", begun)
+
+    def note_reconciled(self, shard_id: str, response: httpx.Response) -> ReconcileOutcome:
+        outcome = ReconcileOutcome.from_json(response.json())
+        self.book().note_reconciled(shard_id, outcome)
+        return outcome
+
 
 class Reservoir:
     """Blocking client. Use as a context manager, or call :meth:`close`.
@@ -211,8 +349,10 @@ class Reservoir:
         http_client: httpx.Client | None = None,
         rng: random.Random | None = None,
         policy_cache_ttl_s: float = DEFAULT_POLICY_CACHE_TTL_S,
+        fallback: ShardBook | None = None,
     ) -> None:
         self._p = _Protocol(token=token, retry=retry or RetryPolicy(), rng=rng, policy_cache_ttl_s=policy_cache_ttl_s)
+        self._p.fallback = fallback
         self._timeout_s = timeout_s
         self._owns_http = http_client is None
         self._http = http_client or httpx.Client(base_url=base_url, transport=transport)
@@ -260,19 +400,26 @@ class Reservoir:
         ``reservation_id`` a fresh one is made, and kept on every retry.
 
         Raises :class:`~reservoir_client.errors.ReservationUnknown` when the
-        answer was lost until the deadline; :meth:`resolve` settles that."""
-        return self._p.receipt(
-            self._send(
-                self._p.reserve(
-                    subject,
-                    route,
-                    reservation_id=reservation_id,
-                    units=units,
-                    counted_input_tokens=counted_input_tokens,
-                    max_tokens=max_tokens,
-                )
-            )
+        answer was lost until the deadline; :meth:`resolve` settles that.
+        With a ``fallback`` shard book, a reserve that reached no ledger is
+        admitted from a shard if one fits (else ``LedgerUnreachable``)."""
+        request = self._p.reserve(
+            subject,
+            route,
+            reservation_id=reservation_id,
+            units=units,
+            counted_input_tokens=counted_input_tokens,
+            max_tokens=max_tokens,
         )
+        try:
+            response = self._send(request)
+        except LedgerUnreachable as unreachable:
+            return self._p.local_reserve(unreachable, request)
+        except ProblemError:
+            self._p.reached()
+            raise
+        self._p.reached()
+        return self._p.receipt(response)
 
     def resolve(self, unknown: ReservationUnknown) -> Receipt:
         """Ask again, with the same id and body, for a reserve whose answer was
@@ -292,7 +439,8 @@ class Reservoir:
 
     def start(self, reservation_id: str, operation_id: str) -> Receipt:
         """RESERVED → STARTED, binding the provider call's ``operation_id``."""
-        return self._p.receipt(self._send(self._p.start(reservation_id, operation_id)))
+        local = self._p.local_step(reservation_id, "start", operation_id=operation_id)
+        return local or self._p.receipt(self._send(self._p.start(reservation_id, operation_id)))
 
     def settle(
         self,
@@ -306,15 +454,34 @@ class Reservoir:
         becomes debt. ``usage`` teaches the route's estimates and drift; without
         ``actual_units`` the ledger derives every dimension of the policy from
         it (requests 1, input as reported, output as reported, tokens their sum)."""
-        return self._p.receipt(self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
+        local = self._p.local_step(reservation_id, "settle", actual_units=actual_units, usage=usage)
+        return local or self._p.receipt(self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
 
     def release(self, reservation_id: str) -> Receipt:
         """Give back a reservation that was never started."""
-        return self._p.receipt(self._send(self._p.release(reservation_id)))
+        local = self._p.local_step(reservation_id, "release")
+        return local or self._p.receipt(self._send(self._p.release(reservation_id)))
 
     def get_reservation(self, reservation_id: str) -> Receipt:
-        """The committed receipt of ``reservation_id``."""
-        return self._p.receipt(self._send(self._p.get_reservation(reservation_id)))
+        """The committed receipt of ``reservation_id`` (a local one's, from the book)."""
+        local = self._p.local_step(reservation_id, "get")
+        return local or self._p.receipt(self._send(self._p.get_reservation(reservation_id)))
+
+    def issue_shard(self, subject: str, route: str, units: int, *, ttl_ms: int, shard_id: str | None = None) -> ShardDocument:
+        """Asks the ledger for a shard of ``units`` bound to the fallback
+        book's gateway and boot epoch, and installs it (retried with the
+        same ``shard_id``: one shard however many tries)."""
+        response = self._send(self._p.issue_shard(subject, route, units, ttl_ms, shard_id))
+        return self._p.install_issued(response, self.policy(subject, route))
+
+    def reconcile_shard(self, shard_id: str) -> ReconcileOutcome:
+        """Closes ``shard_id`` for admission and sends its terminal receipts:
+        the ledger records what was spent and remints the unused rest, once.
+        After an error, call again: the same receipts go out."""
+        begun = self._p.begin_reconcile(shard_id)
+        if isinstance(begun, ReconcileOutcome):
+            return begun
+        return self._p.note_reconciled(shard_id, self._send(begun))
 
     def policy(self, subject: str, route: str) -> dict[str, Any]:
         """The active policy of a subject and route, with its estimator, as JSON."""
@@ -358,8 +525,10 @@ class AsyncReservoir:
         http_client: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
         policy_cache_ttl_s: float = DEFAULT_POLICY_CACHE_TTL_S,
+        fallback: ShardBook | None = None,
     ) -> None:
         self._p = _Protocol(token=token, retry=retry or RetryPolicy(), rng=rng, policy_cache_ttl_s=policy_cache_ttl_s)
+        self._p.fallback = fallback
         self._timeout_s = timeout_s
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(base_url=base_url, transport=transport)
@@ -402,18 +571,23 @@ class AsyncReservoir:
         reservation_id: str | None = None,
     ) -> Receipt:
         """See :meth:`Reservoir.reserve`."""
-        return self._p.receipt(
-            await self._send(
-                self._p.reserve(
-                    subject,
-                    route,
-                    reservation_id=reservation_id,
-                    units=units,
-                    counted_input_tokens=counted_input_tokens,
-                    max_tokens=max_tokens,
-                )
-            )
+        request = self._p.reserve(
+            subject,
+            route,
+            reservation_id=reservation_id,
+            units=units,
+            counted_input_tokens=counted_input_tokens,
+            max_tokens=max_tokens,
         )
+        try:
+            response = await self._send(request)
+        except LedgerUnreachable as unreachable:
+            return self._p.local_reserve(unreachable, request)
+        except ProblemError:
+            self._p.reached()
+            raise
+        self._p.reached()
+        return self._p.receipt(response)
 
     async def resolve(self, unknown: ReservationUnknown) -> Receipt:
         """See :meth:`Reservoir.resolve`."""
@@ -431,7 +605,8 @@ class AsyncReservoir:
 
     async def start(self, reservation_id: str, operation_id: str) -> Receipt:
         """See :meth:`Reservoir.start`."""
-        return self._p.receipt(await self._send(self._p.start(reservation_id, operation_id)))
+        local = self._p.local_step(reservation_id, "start", operation_id=operation_id)
+        return local or self._p.receipt(await self._send(self._p.start(reservation_id, operation_id)))
 
     async def settle(
         self,
@@ -442,15 +617,32 @@ class AsyncReservoir:
         usage: Usage | None = None,
     ) -> Receipt:
         """See :meth:`Reservoir.settle`."""
-        return self._p.receipt(await self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
+        local = self._p.local_step(reservation_id, "settle", actual_units=actual_units, usage=usage)
+        return local or self._p.receipt(await self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
 
     async def release(self, reservation_id: str) -> Receipt:
         """See :meth:`Reservoir.release`."""
-        return self._p.receipt(await self._send(self._p.release(reservation_id)))
+        local = self._p.local_step(reservation_id, "release")
+        return local or self._p.receipt(await self._send(self._p.release(reservation_id)))
 
     async def get_reservation(self, reservation_id: str) -> Receipt:
         """See :meth:`Reservoir.get_reservation`."""
-        return self._p.receipt(await self._send(self._p.get_reservation(reservation_id)))
+        local = self._p.local_step(reservation_id, "get")
+        return local or self._p.receipt(await self._send(self._p.get_reservation(reservation_id)))
+
+    async def issue_shard(
+        self, subject: str, route: str, units: int, *, ttl_ms: int, shard_id: str | None = None
+    ) -> ShardDocument:
+        """See :meth:`Reservoir.issue_shard`."""
+        response = await self._send(self._p.issue_shard(subject, route, units, ttl_ms, shard_id))
+        return self._p.install_issued(response, await self.policy(subject, route))
+
+    async def reconcile_shard(self, shard_id: str) -> ReconcileOutcome:
+        """See :meth:`Reservoir.reconcile_shard`."""
+        begun = self._p.begin_reconcile(shard_id)
+        if isinstance(begun, ReconcileOutcome):
+            return begun
+        return self._p.note_reconciled(shard_id, await self._send(begun))
 
     async def policy(self, subject: str, route: str) -> dict[str, Any]:
         """See :meth:`Reservoir.policy`."""
