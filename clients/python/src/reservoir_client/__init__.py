@@ -16,11 +16,13 @@ capacity before a provider call and settle it after.
 - :class:`ShardBook` (``shards.py``): emergency shards, the gateway-side
   buckets for when the ledger is unreachable, as the clients' ``fallback=``;
   ``issue_shard`` and ``reconcile_shard`` on either client.
+- :class:`AsyncStartScheduler` / :class:`StartScheduler` (``scheduler.py``):
+  the fair start scheduler, which picks the already-reserved call that starts
+  next when only so many may run at once (stride scheduling by tenant weight).
 
 It mirrors the Rust client (``crates/client``, issue 13) over the same HTTP
 contract. ``token=`` is sent as ``Authorization: Bearer``; the ledger's 401
-and 403 are :class:`Unauthorized` and :class:`Forbidden`. Not in this
-version: the fair start scheduler.
+and 403 are :class:`Unauthorized` and :class:`Forbidden`.
 """
 
 from .client import AsyncReservoir, Reservoir, new_reservation_id
@@ -44,6 +46,7 @@ from .errors import (
 from .max_tokens import requested_max_tokens, with_default_max_tokens
 from .meter import StreamMeter, default_estimate_tokens
 from .retry import RetryPolicy
+from .scheduler import AsyncStartScheduler, FairQueue, QueueFull, StartScheduler, TenantShare
 from .shards import LocalReceipt, ReconcileOutcome, ShardBook, ShardBooks, ShardDocument, ShardRefused
 from .stream import AsyncGuardedStream, GuardedStream, guarded_stream
 from .types import LogPosition, PartitionView, Receipt, SizingReceipt, Usage
@@ -53,7 +56,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncGuardedStream",
     "AsyncReservoir",
+    "AsyncStartScheduler",
     "CapacityRefused",
+    "FairQueue",
     "Forbidden",
     "GuardedStream",
     "IdempotencyConflict",
@@ -65,6 +70,7 @@ __all__ = [
     "OutcomeUnknown",
     "PartitionView",
     "ProblemError",
+    "QueueFull",
     "Receipt",
     "ReconcileOutcome",
     "RequestTooLarge",
@@ -77,7 +83,9 @@ __all__ = [
     "ShardDocument",
     "ShardRefused",
     "SizingReceipt",
+    "StartScheduler",
     "StreamMeter",
+    "TenantShare",
     "Unauthorized",
     "Unavailable",
     "UnknownReservation",
