@@ -166,12 +166,14 @@ def publish(
     estimator: dict[str, Any] | None = None,
     three_dimensions: bool = False,
     emergency: bool = False,
+    shadow: bool = False,
     token: str | None = None,
 ) -> None:
     """Publishes generation 1 of a token policy, opening full; with
     ``three_dimensions``, 1,000 requests (the primary dimension) plus ``burst``
     input tokens and ``burst`` output tokens, as a provider limits them;
-    with ``emergency``, shards may be carved from it."""
+    with ``emergency``, shards may be carved from it; with ``shadow``, it only
+    records what it would have refused."""
     policy = {
         "subject": subject,
         "route": route,
@@ -187,7 +189,7 @@ def publish(
         "max_overdraft_units": burst,
         "priority": 0,
         "emergency_mode": "enabled" if emergency else "disabled",
-        "shadow_mode": False,
+        "shadow_mode": shadow,
         "generation": 1,
     }
     if three_dimensions:

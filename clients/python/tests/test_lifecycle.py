@@ -206,3 +206,19 @@ async def test_a_route_without_a_default_leaves_requests_alone(base: str, subjec
     async with AsyncReservoir(base) as rsv:
         assert await rsv.route_default_max_tokens(subject, route) is None
         assert await rsv.fill_max_tokens(subject, route, {"model": "m"}) == {"model": "m"}
+
+
+async def test_in_shadow_mode_the_receipt_says_what_enforcement_would_have_refused(
+    base: str, subject: str, route: str
+) -> None:
+    publish(base, subject, route, burst=1_000, shadow=True)
+    async with AsyncReservoir(base) as rsv:
+        fits = await rsv.reserve(subject, route, units=600)
+        over = await rsv.reserve(subject, route, units=600)
+        assert (fits.mode, fits.would_refuse) == ("shadow", None)
+        assert over.mode == "shadow" and over.would_refuse is not None
+        assert over.would_refuse.reason == "insufficient_capacity"
+        assert "would_refuse" not in over.extra and over.dimensions == ()
+        for r in (fits, over):
+            await rsv.release(r.id)
+    assert_conserved(base, subject)

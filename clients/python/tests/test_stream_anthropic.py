@@ -250,6 +250,10 @@ async def test_a_three_dimension_route_settles_each_dimension_from_the_usage(
     async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
         r = await reserve(rsv, subject, route)
         assert r.reserved_units == 1
+        # Each further dimension typed: input as counted, output as sized.
+        held = {d.dimension: d.reserved_units for d in r.dimensions}
+        assert set(held) == {"input_tokens", "output_tokens"} and held["input_tokens"] == COUNTED, r
+        assert "dimensions" not in r.extra and r.mode == "enforce" and r.would_refuse is None
         seen = 0
         async with guarded_stream(rsv, r, sdk.messages.stream(**request()), counted_input_tokens=COUNTED) as s:
             async for event in s:
@@ -258,6 +262,8 @@ async def test_a_three_dimension_route_settles_each_dimension_from_the_usage(
                     break
         assert s.settled is not None
         assert (s.settled.state, s.settled.actual_units) == ("SETTLED", 1)
+        used = {d.dimension: d.actual_units for d in s.settled.dimensions}
+        assert used == {"input_tokens": REPORTED, "output_tokens": 900}
     p = assert_conserved(base, subject)
     assert (p["spent_units"], p["reserved_units"]) == (1, 0)
     spent = {d["dimension"]: d["spent_units"] for d in p["dimensions"]}

@@ -49,7 +49,7 @@ from .retry import RetryPolicy
 from .scheduler import AsyncStartScheduler, FairQueue, QueueFull, StartScheduler, TenantShare
 from .shards import LocalReceipt, ReconcileOutcome, ShardBook, ShardBooks, ShardDocument, ShardRefused
 from .stream import AsyncGuardedStream, GuardedStream, guarded_stream
-from .types import LogPosition, PartitionView, Receipt, SizingReceipt, Usage
+from .types import DimensionReceipt, LogPosition, PartitionView, Receipt, SizingReceipt, Usage, WouldRefuse
 
 __version__ = "0.1.0"
 
@@ -58,6 +58,7 @@ __all__ = [
     "AsyncReservoir",
     "AsyncStartScheduler",
     "CapacityRefused",
+    "DimensionReceipt",
     "FairQueue",
     "Forbidden",
     "GuardedStream",
@@ -90,6 +91,7 @@ __all__ = [
     "Unavailable",
     "UnknownReservation",
     "Usage",
+    "WouldRefuse",
     "WrongState",
     "__version__",
     "default_estimate_tokens",

@@ -14,11 +14,13 @@ from typing import Any, Mapping
 __all__ = [
     "LEDGER_SOURCE_TERMS",
     "LEDGER_DESTINATION_TERMS",
+    "DimensionReceipt",
     "LogPosition",
     "PartitionView",
     "Receipt",
     "SizingReceipt",
     "Usage",
+    "WouldRefuse",
 ]
 
 #: The left side of the conservation equation, as ``GET /v1/partitions`` names it.
@@ -103,6 +105,47 @@ class SizingReceipt:
 
 
 @dataclass(frozen=True)
+class DimensionReceipt:
+    """A reservation's amounts in one further dimension of its policy
+    (``input_tokens``, ``output_tokens``, ``requests`` or ``tokens``); the
+    receipt's own fields are the primary dimension's."""
+
+    dimension: str
+    reserved_units: int
+    held_units: int
+    actual_units: int | None = None
+    overdraft_units: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _KNOWN = frozenset({"dimension", "reserved_units", "held_units", "actual_units", "overdraft_units"})
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> DimensionReceipt:
+        return cls(
+            dimension=str(body.get("dimension")),
+            reserved_units=_int(body.get("reserved_units"), "dimensions[].reserved_units"),
+            held_units=_int(body.get("held_units", 0), "dimensions[].held_units"),
+            actual_units=_opt_int(body.get("actual_units"), "dimensions[].actual_units"),
+            overdraft_units=_int(body.get("overdraft_units", 0), "dimensions[].overdraft_units"),
+            extra=_rest(body, cls._KNOWN),
+        )
+
+
+@dataclass(frozen=True)
+class WouldRefuse:
+    """In shadow mode, what enforcement would have refused: ``reason`` is the
+    problem type it would have answered (``insufficient_capacity``,
+    ``debt_outstanding``, ``request_too_large``), ``dimension`` where."""
+
+    reason: str
+    dimension: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> WouldRefuse:
+        return cls(reason=str(body.get("reason")), dimension=_opt_str(body.get("dimension")))
+
+
+@dataclass(frozen=True)
 class Receipt:
     """A reservation as the server committed it.
 
@@ -124,6 +167,11 @@ class Receipt:
     expires_at_ms: int | None = None
     sizing: SizingReceipt | None = None
     log_position: LogPosition | None = None
+    #: The policy's further dimensions (empty for a one-dimension policy).
+    dimensions: tuple[DimensionReceipt, ...] = ()
+    #: ``enforce``, or ``shadow`` when the policy only records verdicts.
+    mode: str = "enforce"
+    would_refuse: WouldRefuse | None = None
     created: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -142,6 +190,9 @@ class Receipt:
             "expires_at_ms",
             "sizing",
             "log_position",
+            "dimensions",
+            "mode",
+            "would_refuse",
         }
     )
 
@@ -154,6 +205,7 @@ class Receipt:
     def from_json(cls, body: Mapping[str, Any], *, created: bool = False) -> Receipt:
         sizing = body.get("sizing")
         position = body.get("log_position")
+        refuse = body.get("would_refuse")
         return cls(
             id=str(body.get("id")),
             subject=str(body.get("subject")),
@@ -168,6 +220,11 @@ class Receipt:
             expires_at_ms=_opt_int(body.get("expires_at_ms"), "expires_at_ms"),
             sizing=SizingReceipt.from_json(sizing) if isinstance(sizing, Mapping) else None,
             log_position=LogPosition.from_json(position) if isinstance(position, Mapping) else None,
+            dimensions=tuple(
+                DimensionReceipt.from_json(d) for d in body.get("dimensions") or () if isinstance(d, Mapping)
+            ),
+            mode=str(body.get("mode", "enforce")),
+            would_refuse=WouldRefuse.from_json(refuse) if isinstance(refuse, Mapping) else None,
             created=created,
             extra=_rest(body, cls._KNOWN),
         )
