@@ -16,6 +16,8 @@ capacity before a provider call and settle it after.
 - :class:`ShardBook` (``shards.py``): emergency shards, the gateway-side
   buckets for when the ledger is unreachable, as the clients' ``fallback=``;
   ``issue_shard`` and ``reconcile_shard`` on either client.
+- ``cluster_nodes=`` (``owners.py``): in cluster mode, each step goes to the
+  node that owns its partition once a forwarded answer named it.
 - :class:`AsyncStartScheduler` / :class:`StartScheduler` (``scheduler.py``):
   the fair start scheduler, which picks the already-reserved call that starts
   next when only so many may run at once (stride scheduling by tenant weight).

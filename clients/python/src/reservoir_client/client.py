@@ -16,6 +16,10 @@ is admitted from a shard if one fits; its receipt names the shard in
 ``extra["local_shard_id"]``, and its ``start``, ``settle``, ``release`` and
 ``get_reservation`` stay in the book. ``issue_shard`` and ``reconcile_shard``
 ask the ledger for a shard and give its unused units back.
+
+Cluster mode: with ``cluster_nodes=``, every try goes to the owner learnt for
+its subject/route or reservation (:mod:`reservoir_client.owners`), else to the
+configured URL.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import random
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from urllib.parse import quote
 
 import anyio
@@ -32,6 +36,7 @@ import httpx
 
 from .errors import LedgerUnreachable, ProblemError, ReservationUnknown, problem_from_response
 from .max_tokens import with_default_max_tokens
+from .owners import SERVED_BY, Owners
 from .retry import Attempts, RetryPolicy
 from .shards import ReconcileOutcome, ShardBook, ShardDocument
 from .types import PartitionView, Receipt, Usage
@@ -54,7 +59,12 @@ def _seg(value: str) -> str:
 
 
 class _Request:
-    __slots__ = ("method", "path", "body", "reservation_id", "headers")
+    """One step's request. ``reservation_id`` is set on a reserve (its
+    errors name it); ``about`` is the reservation a step is about and
+    ``route`` a reserve's subject/route (where a cluster client sends it);
+    ``ends`` marks a settle or release (nothing more goes to its owner)."""
+
+    __slots__ = ("method", "path", "body", "reservation_id", "headers", "about", "route", "ends")
 
     def __init__(
         self,
@@ -64,12 +74,18 @@ class _Request:
         *,
         reservation_id: str | None = None,
         headers: dict[str, str] | None = None,
+        about: str | None = None,
+        route: tuple[str, str] | None = None,
+        ends: bool = False,
     ) -> None:
         self.method = method
         self.path = path
         self.body = body
         self.reservation_id = reservation_id
         self.headers = headers or {}
+        self.about = about or reservation_id
+        self.route = route
+        self.ends = ends
 
 
 class _Protocol:
@@ -82,6 +98,7 @@ class _Protocol:
         retry: RetryPolicy,
         rng: random.Random | None,
         policy_cache_ttl_s: float,
+        cluster_nodes: Sequence[str] | None = None,
     ) -> None:
         self.retry = retry
         self.rng = rng or random.Random()
@@ -91,6 +108,7 @@ class _Protocol:
         self.policy_cache_ttl_s = policy_cache_ttl_s
         self._max_tokens_cache: dict[tuple[str, str], tuple[float, int | None]] = {}
         self.fallback: ShardBook | None = None
+        self.owners = Owners(cluster_nodes) if cluster_nodes else None
         #: Reservations admitted from a shard: id → their latest local receipt.
         self.local: dict[str, Receipt] = {}
 
@@ -126,11 +144,20 @@ class _Protocol:
             body["counted_input_tokens"] = counted_input_tokens
             if max_tokens is not None:
                 body["max_tokens"] = max_tokens
-        return _Request("POST", "/v1/reservations", body, reservation_id=rid, headers={"idempotency-key": rid})
+        return _Request(
+            "POST",
+            "/v1/reservations",
+            body,
+            reservation_id=rid,
+            headers={"idempotency-key": rid},
+            route=(subject, route),
+        )
 
     @staticmethod
     def start(reservation_id: str, operation_id: str) -> _Request:
-        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/start", {"operation_id": operation_id})
+        return _Request(
+            "POST", f"/v1/reservations/{_seg(reservation_id)}/start", {"operation_id": operation_id}, about=reservation_id
+        )
 
     @staticmethod
     def settle(reservation_id: str, actual_units: int | None, operation_id: str | None, usage: Usage | None) -> _Request:
@@ -145,15 +172,15 @@ class _Protocol:
             body["operation_id"] = operation_id
         if usage is not None:
             body["usage"] = usage.to_json()
-        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/settle", body)
+        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/settle", body, about=reservation_id, ends=True)
 
     @staticmethod
     def release(reservation_id: str) -> _Request:
-        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/release", {})
+        return _Request("POST", f"/v1/reservations/{_seg(reservation_id)}/release", {}, about=reservation_id, ends=True)
 
     @staticmethod
     def get_reservation(reservation_id: str) -> _Request:
-        return _Request("GET", f"/v1/reservations/{_seg(reservation_id)}")
+        return _Request("GET", f"/v1/reservations/{_seg(reservation_id)}", about=reservation_id)
 
     @staticmethod
     def policy(subject: str, route: str) -> _Request:
@@ -162,6 +189,21 @@ class _Protocol:
     @staticmethod
     def partitions() -> _Request:
         return _Request("GET", "/v1/partitions")
+
+    def target(self, request: _Request) -> tuple[str | None, str]:
+        """The owner a request goes to (``None``: the configured URL), and its URL."""
+        owner = None if self.owners is None else self.owners.of(request.about, request.route)
+        return owner, request.path if owner is None else owner + request.path
+
+    def learn(self, request: _Request, asked: str | None, response: httpx.Response | None) -> None:
+        """What an exchange at ``asked`` teaches the owner maps (see :mod:`.owners`)."""
+        if self.owners is None:
+            return
+        status = None if response is None else response.status_code
+        served_by = None if response is None else response.headers.get(SERVED_BY)
+        self.owners.learn(request.about, request.route, asked, status, served_by)
+        if request.ends and request.about is not None and response is not None and response.is_success:
+            self.owners.ended(request.about)
 
     def http_kwargs(self, request: _Request, attempts: Attempts, timeout_s: float) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -336,6 +378,9 @@ class Reservoir:
 
     ``transport`` replaces httpx's (tests inject faults there); ``http_client``
     replaces the whole httpx client (its base URL must be the server's).
+    ``fallback`` is a shard book (see :mod:`.shards`); ``cluster_nodes`` the
+    cluster's node URLs, which the client may go to directly once a node
+    forwarded it to one of them (see :mod:`.owners`).
     """
 
     def __init__(
@@ -350,8 +395,15 @@ class Reservoir:
         rng: random.Random | None = None,
         policy_cache_ttl_s: float = DEFAULT_POLICY_CACHE_TTL_S,
         fallback: ShardBook | None = None,
+        cluster_nodes: Sequence[str] | None = None,
     ) -> None:
-        self._p = _Protocol(token=token, retry=retry or RetryPolicy(), rng=rng, policy_cache_ttl_s=policy_cache_ttl_s)
+        self._p = _Protocol(
+            token=token,
+            retry=retry or RetryPolicy(),
+            rng=rng,
+            policy_cache_ttl_s=policy_cache_ttl_s,
+            cluster_nodes=cluster_nodes,
+        )
         self._p.fallback = fallback
         self._timeout_s = timeout_s
         self._owns_http = http_client is None
@@ -370,13 +422,16 @@ class Reservoir:
     def _send(self, request: _Request) -> httpx.Response:
         attempts = self._p.attempts(request)
         while True:
+            asked, url = self._p.target(request)
             try:
                 response = self._http.request(
-                    request.method, request.path, **self._p.http_kwargs(request, attempts, self._timeout_s)
+                    request.method, url, **self._p.http_kwargs(request, attempts, self._timeout_s)
                 )
             except httpx.TransportError as exc:
+                self._p.learn(request, asked, None)
                 delay = attempts.transport_failed(exc)
             else:
+                self._p.learn(request, asked, response)
                 if response.is_success:
                     return response
                 delay = attempts.answered(self._p.problem(response))
@@ -526,8 +581,15 @@ class AsyncReservoir:
         rng: random.Random | None = None,
         policy_cache_ttl_s: float = DEFAULT_POLICY_CACHE_TTL_S,
         fallback: ShardBook | None = None,
+        cluster_nodes: Sequence[str] | None = None,
     ) -> None:
-        self._p = _Protocol(token=token, retry=retry or RetryPolicy(), rng=rng, policy_cache_ttl_s=policy_cache_ttl_s)
+        self._p = _Protocol(
+            token=token,
+            retry=retry or RetryPolicy(),
+            rng=rng,
+            policy_cache_ttl_s=policy_cache_ttl_s,
+            cluster_nodes=cluster_nodes,
+        )
         self._p.fallback = fallback
         self._timeout_s = timeout_s
         self._owns_http = http_client is None
@@ -546,13 +608,16 @@ class AsyncReservoir:
     async def _send(self, request: _Request) -> httpx.Response:
         attempts = self._p.attempts(request)
         while True:
+            asked, url = self._p.target(request)
             try:
                 response = await self._http.request(
-                    request.method, request.path, **self._p.http_kwargs(request, attempts, self._timeout_s)
+                    request.method, url, **self._p.http_kwargs(request, attempts, self._timeout_s)
                 )
             except httpx.TransportError as exc:
+                self._p.learn(request, asked, None)
                 delay = attempts.transport_failed(exc)
             else:
+                self._p.learn(request, asked, response)
                 if response.is_success:
                     return response
                 delay = attempts.answered(self._p.problem(response))
