@@ -111,6 +111,7 @@ def test_a_ledger_that_is_down_admits_within_the_shard_and_reconciles_once(ledge
     back = Server(data_dir)
     try:
         with Reservoir(back.base, fallback=book, retry=QUICK) as rsv:
+            assert rsv.get_reservation(a.id).state == "SETTLED"  # from the book, until reconciled
             outcome = rsv.reconcile_shard(doc.shard_id)
             assert (outcome.outcome, outcome.created) == ("reminted", True)
             assert (outcome.spent_units, outcome.unknown_units, outcome.reminted_units) == (800, 400, 1_800)

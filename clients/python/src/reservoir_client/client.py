@@ -109,8 +109,6 @@ class _Protocol:
         self._max_tokens_cache: dict[tuple[str, str], tuple[float, int | None]] = {}
         self.fallback: ShardBook | None = None
         self.owners = Owners(cluster_nodes) if cluster_nodes else None
-        #: Reservations admitted from a shard: id → their latest local receipt.
-        self.local: dict[str, Receipt] = {}
 
     def attempts(self, request: _Request) -> Attempts:
         return Attempts(
@@ -286,7 +284,7 @@ class _Protocol:
             created=True,
             extra={"local_shard_id": shard_id},
         )
-        self.local[rid] = receipt
+        self.fallback.keep_receipt(receipt)
         return receipt
 
     def local_step(
@@ -301,7 +299,7 @@ class _Protocol:
         """``step`` (start, settle, release, get) of a reservation admitted
         from a shard: its new local receipt, or ``None`` if it is not local.
         A repeat of the step that ended it answers that receipt again."""
-        receipt = self.local.get(reservation_id)
+        receipt = None if self.fallback is None else self.fallback.local_receipt(reservation_id)
         if receipt is None or self.fallback is None:
             return None
         ends = {"settle": "SETTLED", "release": "RELEASED"}
@@ -330,7 +328,7 @@ class _Protocol:
         if not ended:
             # Marked usage-unknown in the book meanwhile: its hold stays retired.
             raise ValueError(f"local reservation {reservation_id} is no longer open in the shard book")
-        self.local[reservation_id] = new
+        book.keep_receipt(new)
         return new
 
     def issue_shard(self, subject: str, route: str, units: int, ttl_ms: int, shard_id: str | None) -> _Request:

@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
+from .types import Receipt
+
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -268,6 +270,10 @@ class ShardBook:
         self._lock = threading.Lock()
         self._shards: dict[str, _Entry] = {}
         self._failures = 0
+        #: The clients' receipts of reservations admitted from a shard, kept
+        #: here (any client of the process answers for them) until the
+        #: shard is reconciled.
+        self._local_receipts: dict[str, Receipt] = {}
 
     def note_ledger_reachable(self) -> None:
         """The ledger answered: the count of consecutive failures starts again."""
@@ -450,3 +456,18 @@ class ShardBook:
             if entry is not None:
                 entry.phase = "reconciled"
                 entry.outcome = outcome
+            # Every local reservation of the shard ended before its reconcile began.
+            self._local_receipts = {
+                k: r for k, r in self._local_receipts.items() if r.extra.get("local_shard_id") != shard_id
+            }
+
+    def local_receipt(self, reservation_id: str) -> Receipt | None:
+        """The latest receipt of a reservation admitted from a shard (until
+        the shard is reconciled)."""
+        with self._lock:
+            return self._local_receipts.get(reservation_id)
+
+    def keep_receipt(self, receipt: Receipt) -> None:
+        """A client's receipt of a local reservation, for the next step."""
+        with self._lock:
+            self._local_receipts[receipt.id] = receipt
