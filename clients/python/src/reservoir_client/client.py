@@ -221,6 +221,13 @@ class _Protocol:
         return Receipt.from_json(response.json(), created=response.status_code == 201)
 
     @staticmethod
+    def policy_body(response: httpx.Response) -> dict[str, Any]:
+        body = response.json()
+        if not isinstance(body, dict):
+            raise ValueError(f"/v1/policies: expected an object, got {type(body).__name__}")
+        return body
+
+    @staticmethod
     def partition_views(response: httpx.Response) -> list[PartitionView]:
         body = response.json()
         if not isinstance(body, list):
@@ -538,9 +545,7 @@ class Reservoir:
 
     def policy(self, subject: str, route: str) -> dict[str, Any]:
         """The active policy of a subject and route, with its estimator, as JSON."""
-        body = self._send(self._p.policy(subject, route)).json()
-        assert isinstance(body, dict)
-        return body
+        return self._p.policy_body(self._send(self._p.policy(subject, route)))
 
     def route_default_max_tokens(self, subject: str, route: str) -> int | None:
         """The route's configured default ``max_tokens`` (cached a while)."""
@@ -709,9 +714,7 @@ class AsyncReservoir:
 
     async def policy(self, subject: str, route: str) -> dict[str, Any]:
         """See :meth:`Reservoir.policy`."""
-        body = (await self._send(self._p.policy(subject, route))).json()
-        assert isinstance(body, dict)
-        return body
+        return self._p.policy_body(await self._send(self._p.policy(subject, route)))
 
     async def route_default_max_tokens(self, subject: str, route: str) -> int | None:
         """See :meth:`Reservoir.route_default_max_tokens`."""

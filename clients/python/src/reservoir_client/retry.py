@@ -132,8 +132,12 @@ class Attempts:
         if isinstance(last, ProblemError) and not self._unknown_after(last):
             return last
         if self.maybe_applied:
-            if self.reservation_id is not None and self.method == "POST" and self.path == "/v1/reservations":
-                assert self.body is not None
+            if (
+                self.reservation_id is not None
+                and self.body is not None
+                and self.method == "POST"
+                and self.path == "/v1/reservations"
+            ):
                 return ReservationUnknown(self.reservation_id, self.path, self.body, last)
             return OutcomeUnknown(self.method, self.path, self.body, last)
         return LedgerUnreachable(f"{self.method} {self.path}: ledger unreachable after {self.tries} tries ({last!r})")
