@@ -193,10 +193,8 @@ class _Waiter:
             self.async_event.set()
 
 
-class AsyncStartScheduler:
-    """The async gate (asyncio or trio, through anyio): at most ``concurrency``
-    slots held at once, handed out in :class:`FairQueue` order. Use it from
-    one event loop (its waiters wake through that loop's events)."""
+class _Scheduler:
+    """What both gates share: the gate, and what it tells."""
 
     def __init__(
         self,
@@ -207,6 +205,22 @@ class AsyncStartScheduler:
         max_waiting: int = 10_000,
     ) -> None:
         self._gate = _Gate(concurrency, weights, default_weight, max_waiting)
+
+    def shares(self) -> list[TenantShare]:
+        """Each tenant's starts so far against its weight's share."""
+        with self._gate.lock:
+            return self._gate.queue.shares()
+
+    def waiting(self) -> int:
+        """Waiters not yet given a slot."""
+        with self._gate.lock:
+            return len(self._gate.queue)
+
+
+class AsyncStartScheduler(_Scheduler):
+    """The async gate (asyncio or trio, through anyio): at most ``concurrency``
+    slots held at once, handed out in :class:`FairQueue` order. Use it from
+    one event loop (its waiters wake through that loop's events)."""
 
     @asynccontextmanager
     async def slot(self, tenant: str, *, priority: int = 0) -> AsyncIterator[None]:
@@ -222,27 +236,9 @@ class AsyncStartScheduler:
             with anyio.CancelScope(shield=True):
                 self._gate.leave(waiter)
 
-    def shares(self) -> list[TenantShare]:
-        with self._gate.lock:
-            return self._gate.queue.shares()
 
-    def waiting(self) -> int:
-        with self._gate.lock:
-            return len(self._gate.queue)
-
-
-class StartScheduler:
+class StartScheduler(_Scheduler):
     """The blocking gate, for threaded gateways; see :class:`AsyncStartScheduler`."""
-
-    def __init__(
-        self,
-        concurrency: int = 64,
-        *,
-        weights: Mapping[str, int] | None = None,
-        default_weight: int = 1,
-        max_waiting: int = 10_000,
-    ) -> None:
-        self._gate = _Gate(concurrency, weights, default_weight, max_waiting)
 
     @contextmanager
     def slot(self, tenant: str, *, priority: int = 0, timeout_s: float | None = None) -> Iterator[None]:
@@ -256,11 +252,3 @@ class StartScheduler:
             yield
         finally:
             self._gate.leave(waiter)
-
-    def shares(self) -> list[TenantShare]:
-        with self._gate.lock:
-            return self._gate.queue.shares()
-
-    def waiting(self) -> int:
-        with self._gate.lock:
-            return len(self._gate.queue)
