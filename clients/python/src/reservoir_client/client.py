@@ -194,7 +194,11 @@ class _Protocol:
         return owner, request.path if owner is None else owner + request.path
 
     def learn(self, request: _Request, asked: str | None, response: httpx.Response | None) -> None:
-        """What an exchange at ``asked`` teaches the owner maps (see :mod:`.owners`)."""
+        """What an exchange at ``asked`` teaches: a reserve the ledger answered
+        (anything) starts the shard book's count of consecutive failures
+        again; the owner maps learn the owner (see :mod:`.owners`)."""
+        if self.fallback is not None and response is not None and request.route is not None:
+            self.fallback.note_ledger_reachable()
         if self.owners is None:
             return
         status = None if response is None else response.status_code
@@ -258,11 +262,6 @@ class _Protocol:
             raise ValueError("this client has no shard book: pass fallback=ShardBook(...)")
         return self.fallback
 
-    def reached(self) -> None:
-        """The ledger answered (anything): a later failure counts from one again."""
-        if self.fallback is not None:
-            self.fallback.note_ledger_reachable()
-
     def local_reserve(self, unreachable: LedgerUnreachable, request: _Request) -> Receipt:
         """A reserve that reached no ledger, admitted from a shard, or the
         ``LedgerUnreachable`` again (fail closed)."""
@@ -306,8 +305,9 @@ class _Protocol:
         """``step`` (start, settle, release, get) of a reservation admitted
         from a shard: its new local receipt, or ``None`` if it is not local.
         A repeat of the step that ended it answers that receipt again."""
-        receipt = None if self.fallback is None else self.fallback.local_receipt(reservation_id)
-        if receipt is None or self.fallback is None:
+        book = self.fallback
+        receipt = None if book is None else book.local_receipt(reservation_id)
+        if book is None or receipt is None:
             return None
         ends = {"settle": "SETTLED", "release": "RELEASED"}
         if step == "get" or (receipt.terminal and ends.get(step) == receipt.state):
@@ -316,7 +316,6 @@ class _Protocol:
         allowed = {"start": ("RESERVED",), "settle": ("RESERVED", "STARTED"), "release": ("RESERVED",)}
         if receipt.state not in allowed[step]:
             raise ValueError(f"local reservation {reservation_id} is {receipt.state}: cannot {step}")
-        book = self.fallback
         ended = True
         if step == "start":
             new = replace(receipt, state="STARTED", operation_id=operation_id, created=False)
@@ -475,10 +474,6 @@ class Reservoir:
             response = self._send(request)
         except LedgerUnreachable as unreachable:
             return self._p.local_reserve(unreachable, request)
-        except ProblemError:
-            self._p.reached()
-            raise
-        self._p.reached()
         return self._p.receipt(response)
 
     def resolve(self, unknown: ReservationUnknown) -> Receipt:
@@ -651,10 +646,6 @@ class AsyncReservoir:
             response = await self._send(request)
         except LedgerUnreachable as unreachable:
             return self._p.local_reserve(unreachable, request)
-        except ProblemError:
-            self._p.reached()
-            raise
-        self._p.reached()
         return self._p.receipt(response)
 
     async def resolve(self, unknown: ReservationUnknown) -> Receipt:

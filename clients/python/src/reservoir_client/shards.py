@@ -343,9 +343,8 @@ class ShardBook:
             self._retire_expired(now)
             for shard_id, entry in self._shards.items():
                 doc = entry.document
+                # (Its gateway id and boot epoch were checked when it was installed.)
                 if entry.phase != "active" or doc.subject != subject or doc.route != route:
-                    continue
-                if doc.gateway_id != self.gateway_id or doc.gateway_boot_epoch != self.boot_epoch:
                     continue
                 held = self._units_of(entry, units, counted_input_tokens, max_tokens)
                 if held is None or held <= 0 or now >= doc.expires_at_ms:
