@@ -147,7 +147,16 @@ impl Client {
             Err(Error::Unavailable(why)) => return self.fall_back(id, request, None, why),
             Err(e) => return Err(e),
         };
-        match self.reserve_receipt(&id, &request).await {
+        let outcome = self.reserve_receipt(&id, &request).await;
+        if let Some(fallback) = &self.inner.fallback {
+            if matches!(
+                outcome,
+                Ok(_) | Err(Error::Refused { .. } | Error::Rejected { .. })
+            ) {
+                fallback.ledger_answered();
+            }
+        }
+        match outcome {
             Ok(receipt) => {
                 let route = if receipt.policy_generation != route.policy_generation {
                     // A newer generation took over: its priority and unit, if readable now.

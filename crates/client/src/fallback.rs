@@ -27,6 +27,11 @@ pub trait Fallback: Send + Sync + 'static {
         request: &ReserveRequest,
         route: Option<&RouteInfo>,
     ) -> Option<Box<dyn LocalHold>>;
+
+    /// The ledger answered a reserve (admitted, refused or rejected it): it
+    /// is reachable again, so a count of consecutive unreachable reserves
+    /// starts over. Not called for RESERVATION_UNKNOWN, which is no answer.
+    fn ledger_answered(&self) {}
 }
 
 /// Capacity a [`Fallback`] granted; settled or released exactly once by the

@@ -21,7 +21,9 @@
 //! client refuses (fails closed). The client consults its fallback only when
 //! no reserve attempt reached the ledger before the retry deadline (the
 //! timeout); [`ShardBook::with_min_failures`] adds a number of such
-//! consecutive failures before the first local admission.
+//! consecutive failures before the first local admission (a reserve the
+//! ledger answered, through [`Fallback::ledger_answered`], starts the count
+//! over).
 //!
 //! Reconcile ([`ShardBook::reconcile`]) closes the shard for admission, then
 //! sends its terminal receipts; a lost answer is retried with the same body
@@ -475,6 +477,10 @@ impl ShardBook {
 }
 
 impl Fallback for ShardBook {
+    fn ledger_answered(&self) {
+        self.note_ledger_reachable();
+    }
+
     fn reserve(
         &self,
         id: &ReservationId,

@@ -418,3 +418,54 @@ async fn a_partition_mid_traffic_spends_only_the_shard() {
         "the shard's units stay retired at the source"
     );
 }
+
+/// `with_min_failures(n)` counts *consecutive* unreachable reserves: one the
+/// ledger answered in between starts the count over, so an outage must last
+/// n reserves again before the shard admits.
+#[tokio::test]
+async fn a_reserve_the_ledger_answered_starts_the_failure_count_over() {
+    let ledger = Ledger::start().await;
+    ledger.publish(shard_policy(1_000), None).await;
+    let book = Arc::new(
+        ShardBook::new("gw-1", 1, &public_key(&ledger).await)
+            .unwrap()
+            .with_min_failures(2),
+    );
+    let shard = book
+        .issue(&ledger.http, &ledger.base(), "t", "r", 300, 600_000)
+        .await
+        .unwrap();
+    // Two clients sharing the book: one cut off from the ledger (nothing
+    // listens at its address, so no attempt can reach it), one reaching it.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let cut_off = unpooled(&dead, Some(book.clone()), 200);
+    let reaching = unpooled(&ledger.base(), Some(book.clone()), 2_000);
+    async fn reserve(c: &Client) -> Result<reservoir_client::Reservation, Error> {
+        c.reserve(ReserveRequest::units("t", "r", 10)).await
+    }
+
+    assert!(matches!(
+        reserve(&cut_off).await,
+        Err(Error::Unavailable(_))
+    ));
+    let answered = reserve(&reaching).await.unwrap();
+    assert!(!answered.is_local());
+    answered.release().await.unwrap();
+    // Without the reset this would be the second failure, admitted locally.
+    assert!(
+        matches!(reserve(&cut_off).await, Err(Error::Unavailable(_))),
+        "the answered reserve in between starts the count over"
+    );
+    let local = reserve(&cut_off).await.unwrap();
+    assert!(local.is_local(), "the second consecutive failure admits");
+    let b = balanced(book.books(&shard.shard_id).unwrap());
+    assert_eq!((b.local_reserved_units, b.local_available_units), (10, 290));
+    local.release().await.unwrap();
+    let b = balanced(book.books(&shard.shard_id).unwrap());
+    assert_eq!((b.local_reserved_units, b.local_available_units), (0, 300));
+    // The ledger's own books: the shard carved out, the answered reserve released.
+    assert_eq!(ledger_books(&ledger).await, (700, 300, 0));
+}
