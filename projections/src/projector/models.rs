@@ -35,10 +35,10 @@ type Slot = (&'static str, String);
 
 #[derive(Default)]
 pub(super) struct Models {
-    digests: HashMap<Slot, RollingDigest>,
-    histograms: HashMap<Slot, EfficiencyHistogram>,
-    drifts: HashMap<Slot, InputDrift>,
-    rollups: HashMap<Slot, Rollup>,
+    digests: FastMap<Slot, RollingDigest>,
+    histograms: FastMap<Slot, EfficiencyHistogram>,
+    drifts: FastMap<Slot, InputDrift>,
+    rollups: FastMap<Slot, Rollup>,
     /// What the step in progress changed (written by `write_touched`).
     touched_digests: BTreeSet<Slot>,
     touched_histograms: BTreeSet<Slot>,
@@ -153,7 +153,7 @@ impl Models {
 /// The model at `slot`: the one kept in `models`, or the one `load` reads
 /// for its key, kept from then on; marked touched either way.
 fn by_slot<'m, T>(
-    models: &'m mut HashMap<Slot, T>,
+    models: &'m mut FastMap<Slot, T>,
     touched: &mut BTreeSet<Slot>,
     slot: Slot,
     load: impl FnOnce(&str) -> Result<T, ProjectionError>,
@@ -177,7 +177,7 @@ fn stored<'d, T: DeserializeOwned + Default>(
 
 /// Puts each touched model of one kind as JSON.
 fn put_each<T: Serialize>(
-    models: &HashMap<Slot, T>,
+    models: &FastMap<Slot, T>,
     touched: &mut BTreeSet<Slot>,
     puts: &mut BTreeMap<Slot, Vec<u8>>,
 ) {
