@@ -117,42 +117,21 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `x-ratelimit-reset-*` names (constants: validated when compiled, not on
 /// every answer).
 fn provider_names(dimension: Dimension) -> [HeaderName; 3] {
-    const fn names(
-        limit: &'static str,
-        remaining: &'static str,
-        reset: &'static str,
-    ) -> [HeaderName; 3] {
-        [
-            HeaderName::from_static(limit),
-            HeaderName::from_static(remaining),
-            HeaderName::from_static(reset),
-        ]
+    macro_rules! names {
+        ($suffix:literal) => {{
+            const NAMES: [HeaderName; 3] = [
+                HeaderName::from_static(concat!("x-ratelimit-limit-", $suffix)),
+                HeaderName::from_static(concat!("x-ratelimit-remaining-", $suffix)),
+                HeaderName::from_static(concat!("x-ratelimit-reset-", $suffix)),
+            ];
+            NAMES
+        }};
     }
-    const REQUESTS: [HeaderName; 3] = names(
-        "x-ratelimit-limit-requests",
-        "x-ratelimit-remaining-requests",
-        "x-ratelimit-reset-requests",
-    );
-    const INPUT_TOKENS: [HeaderName; 3] = names(
-        "x-ratelimit-limit-input-tokens",
-        "x-ratelimit-remaining-input-tokens",
-        "x-ratelimit-reset-input-tokens",
-    );
-    const OUTPUT_TOKENS: [HeaderName; 3] = names(
-        "x-ratelimit-limit-output-tokens",
-        "x-ratelimit-remaining-output-tokens",
-        "x-ratelimit-reset-output-tokens",
-    );
-    const TOKENS: [HeaderName; 3] = names(
-        "x-ratelimit-limit-tokens",
-        "x-ratelimit-remaining-tokens",
-        "x-ratelimit-reset-tokens",
-    );
     match dimension {
-        Dimension::Requests => REQUESTS,
-        Dimension::InputTokens => INPUT_TOKENS,
-        Dimension::OutputTokens => OUTPUT_TOKENS,
-        Dimension::Tokens => TOKENS,
+        Dimension::Requests => names!("requests"),
+        Dimension::InputTokens => names!("input-tokens"),
+        Dimension::OutputTokens => names!("output-tokens"),
+        Dimension::Tokens => names!("tokens"),
     }
 }
 
