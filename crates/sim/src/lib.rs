@@ -25,6 +25,16 @@
 //!   accounting epoch every hour. A call whose answer is lost is UNKNOWN; its
 //!   gateway retries the same request, with the same id and digest, until it
 //!   learns the outcome. It never invents a new id for a call.
+//! - Cancelled streams ([`run`]'s `stream`): now and then a `chat` call's
+//!   streamed answer (Anthropic events) is cut off mid-way and settled at
+//!   what the client crate's own `SseScanner` and `UsageMeter` counted of
+//!   the events sent before the cut (byte chunks split anywhere, an earlier
+//!   delta now and then repeated), input from the gateway's count when the
+//!   stream was cut before `message_start` (`RunConfig::stream_cancel`,
+//!   on unless `--no-stream-cancel`). A ledger that charged no input when
+//!   the provider reported none, planted by hand in core's
+//!   `Dimension::used_units`, failed 91 of seeds 1–100 this way
+//!   (`unexpected_answer`) and none of them without cancelled streams.
 //! - An operator publishing new generations and rolling back, with
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
@@ -94,13 +104,13 @@
 //! ## What is not simulated yet
 //! HTTP between gateway and ledger (bodies go through the server's
 //! translations, not a socket); the real client crate's request loop
-//! (`crates/client`: its retry loop, streaming guard, fair scheduler) — the
-//! gateways' calls here are the simulator's own, only the shard book is the
-//! client's; shards that carve a route's token dimensions (a shard of
+//! (`crates/client`: its retry loop, the lease that settles a dropped
+//! stream, the fair scheduler) — the gateways' calls here are the
+//! simulator's own; the shard book, the SSE scanner and the usage meter are
+//! the client's; shards that carve a route's token dimensions (a shard of
 //! `chat` carves requests only: a cut-off gateway's tokens are not bounded
 //! by it, and not recorded on reconcile); several nodes and Kafka
-//! ownership (beyond the one zombie above); the projector and replay;
-//! stream-cancel; a gate for "UNKNOWN never counted as unused" beyond core's
+//! ownership (beyond the one zombie above); the projector and replay; a gate for "UNKNOWN never counted as unused" beyond core's
 //! state machine (which has no edge from a started call to a refund). The
 //! serving loop of `reservoir_server::start_with_clock` (recover → writers →
 //! re-claim on doubt) is re-stated in [`node`] rather than shared, so a

@@ -53,6 +53,10 @@ struct Cli {
     /// they were simulated (not for the release gate's chunks).
     #[arg(long, conflicts_with = "save")]
     no_chat_shards: bool,
+    /// No cancelled streams: the interleavings seeds ran before they were
+    /// simulated (not for the release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    no_stream_cancel: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         keep_trace: cli.trace && cli.interleavings.is_none(),
         zombies: !cli.no_zombies,
         chat_shards: !cli.no_chat_shards,
+        stream_cancel: !cli.no_stream_cancel,
     };
     if !cli.merge.is_empty() {
         return merge(&cli.merge);

@@ -35,6 +35,7 @@ mod gateway;
 mod operator;
 mod shard_answers;
 mod shards;
+mod stream;
 
 use gateway::{Call, Phase, RetiredSeen};
 use operator::Line;
@@ -101,6 +102,11 @@ pub struct RunConfig {
     /// `embed`, on by default. Off, a seed runs the interleaving it ran
     /// before they were simulated (`--no-chat-shards`).
     pub chat_shards: bool,
+    /// Now and then a `chat` call's streamed answer is cut off and settled
+    /// at what the client crate's meter counted (`run`'s `stream`), on by
+    /// default. Off, a seed runs the interleaving it ran before
+    /// (`--no-stream-cancel`).
+    pub stream_cancel: bool,
 }
 
 impl RunConfig {
@@ -111,6 +117,7 @@ impl RunConfig {
             keep_trace: false,
             zombies: true,
             chat_shards: true,
+            stream_cancel: true,
         }
     }
 
@@ -125,6 +132,9 @@ impl RunConfig {
         }
         if !self.chat_shards {
             flags.push_str(" --no-chat-shards");
+        }
+        if !self.stream_cancel {
+            flags.push_str(" --no-stream-cancel");
         }
         flags
     }
@@ -274,6 +284,7 @@ struct World {
     zombie: Option<crate::node::Zombie>,
     zombies: bool,
     chat_shards: bool,
+    stream_cancel: bool,
     /// A snapshot being taken this round: its cut, and each shard's part.
     taking: Option<(reservoir_server::snapshot::Cut, Vec<Option<SnapshotPart>>)>,
     /// Copies of call requests the network holds: (round due, call, phase).
@@ -366,6 +377,7 @@ impl World {
             zombie: None,
             zombies: config.zombies,
             chat_shards: config.chat_shards,
+            stream_cancel: config.stream_cancel,
             taking: None,
             delayed: Vec::new(),
             round: 0,

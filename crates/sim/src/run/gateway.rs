@@ -286,6 +286,10 @@ impl World {
                 let max = max_tokens.unwrap_or(crate::node::DEFAULT_OUTPUT_TOKENS);
                 let output = self.rng.range(0, max * 5 / 2);
                 let reported = counted_input_tokens + self.rng.range(0, 200);
+                if self.stream_cancel && self.rng.chance(150) {
+                    let usage = self.cancelled_stream(counted_input_tokens, reported, output);
+                    return (None, Some(usage));
+                }
                 (
                     None,
                     Some(Usage {
@@ -657,8 +661,9 @@ impl World {
     }
 
     /// What a settle with `(actual_units, usage)` spends in each dimension
-    /// of the call's route, primary first: requests 1, input as reported,
-    /// output as reported (`chat`); the units given (`embed`).
+    /// of the call's route, primary first: requests 1, input as reported
+    /// (the gateway's count if the provider reported none), output as
+    /// reported (`chat`); the units given (`embed`).
     fn expected_usage(
         &self,
         c: usize,
@@ -668,7 +673,9 @@ impl World {
             (Route::Embed, Some(units), _) => vec![*units],
             (Route::Chat, None, Some(u)) => vec![
                 1,
-                u.reported_input_tokens.unwrap_or(0),
+                u.reported_input_tokens
+                    .or(u.counted_input_tokens)
+                    .unwrap_or(0),
                 u.output_tokens.unwrap_or(0),
             ],
             (route, actual, usage) => {
