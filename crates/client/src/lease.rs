@@ -14,7 +14,6 @@ use crate::fallback::LocalHold;
 use crate::scheduler::Permit;
 use crate::types::{
     OperationId, Receipt, ReservationId, ReservationState, ReserveRequest, RouteInfo, Settlement,
-    Usage,
 };
 use crate::usage::UsageMeter;
 
@@ -240,34 +239,13 @@ impl Lease {
         &self.meter
     }
 
-    /// What settling now would send: input (the provider's reported count,
-    /// else the gateway's) plus the output counted so far, in the route's unit.
+    /// What settling now would send (see [`UsageMeter::settlement`]).
     pub fn settlement(&self) -> Settlement {
-        let counted = match self.request.sizing {
-            crate::Sizing::Tokens {
-                counted_input_tokens,
-                ..
-            } => Some(counted_input_tokens),
-            crate::Sizing::Units(_) => None,
-        };
-        let input = self.meter.reported_input_tokens().or(counted).unwrap_or(0);
-        let output = self.meter.output_tokens();
-        let model = self
-            .meter
-            .model()
-            .map(str::to_string)
-            .or_else(|| self.request.model.clone())
-            .filter(|m| crate::ReservationId::new(m.as_str()).is_ok());
-        Settlement {
-            actual_units: self.route.capacity_unit.units(input, output),
-            operation_id: Some(self.operation_id.clone()),
-            usage: Some(Usage {
-                model,
-                output_tokens: Some(output),
-                counted_input_tokens: counted,
-                reported_input_tokens: self.meter.reported_input_tokens(),
-            }),
-        }
+        self.meter.settlement(
+            &self.request,
+            self.route.capacity_unit,
+            self.operation_id.clone(),
+        )
     }
 
     /// Settles now against the count (the stream completed).

@@ -9,6 +9,8 @@
 
 use serde_json::Value;
 
+use crate::types::{CapacityUnit, OperationId, ReserveRequest, Settlement, Usage};
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UsageMeter {
     output_tokens: u64,
@@ -49,6 +51,42 @@ impl UsageMeter {
 
     fn saw_input(&mut self, n: u64) {
         self.reported_input_tokens = Some(self.reported_input_tokens.unwrap_or(0).max(n));
+    }
+
+    /// What settling `request` now would send, on a route counted in `unit`:
+    /// input (the provider's reported count, else the gateway's) plus the
+    /// output counted so far. A [`crate::Lease`] settles with it, on finish
+    /// and when a cancelled stream drops it.
+    pub fn settlement(
+        &self,
+        request: &ReserveRequest,
+        unit: CapacityUnit,
+        operation_id: OperationId,
+    ) -> Settlement {
+        let counted = match request.sizing {
+            crate::Sizing::Tokens {
+                counted_input_tokens,
+                ..
+            } => Some(counted_input_tokens),
+            crate::Sizing::Units(_) => None,
+        };
+        let input = self.reported_input_tokens().or(counted).unwrap_or(0);
+        let output = self.output_tokens();
+        let model = self
+            .model()
+            .map(str::to_string)
+            .or_else(|| request.model.clone())
+            .filter(|m| crate::ReservationId::new(m.as_str()).is_ok());
+        Settlement {
+            actual_units: unit.units(input, output),
+            operation_id: Some(operation_id),
+            usage: Some(Usage {
+                model,
+                output_tokens: Some(output),
+                counted_input_tokens: counted,
+                reported_input_tokens: self.reported_input_tokens(),
+            }),
+        }
     }
 
     /// One Anthropic Messages stream event (the `data:` JSON).
@@ -238,5 +276,72 @@ mod tests {
             vec!["x\ny"]
         );
         assert!(s.push(b"data: partial").is_empty());
+    }
+
+    /// The settle a lease sends at any point of a stream: the provider's
+    /// input once reported, else the gateway's count; the output so far;
+    /// the route's unit; the model the stream named.
+    #[test]
+    fn a_settlement_counts_what_the_stream_said_so_far() {
+        let request = ReserveRequest::tokens("t", "chat", 100, Some(500));
+        let operation = OperationId::new("op-1").unwrap();
+        let mut m = UsageMeter::default();
+        // (event fed before settling, unit, actual units, reported input, output, model)
+        let table = [
+            (None, CapacityUnit::Tokens, 100, None, 0, None),
+            (None, CapacityUnit::Requests, 1, None, 0, None),
+            (
+                Some(
+                    json!({"type": "message_start", "message": {"model": "claude-x", "usage": {"input_tokens": 120, "output_tokens": 1}}}),
+                ),
+                CapacityUnit::Tokens,
+                121,
+                Some(120),
+                1,
+                Some("claude-x"),
+            ),
+            (
+                Some(json!({"type": "message_delta", "usage": {"output_tokens": 40}})),
+                CapacityUnit::Tokens,
+                160,
+                Some(120),
+                40,
+                Some("claude-x"),
+            ),
+            (
+                None,
+                CapacityUnit::Requests,
+                1,
+                Some(120),
+                40,
+                Some("claude-x"),
+            ),
+        ];
+        for (event, unit, actual, reported, output, model) in table {
+            if let Some(event) = event {
+                m.observe_anthropic(&event);
+            }
+            let s = m.settlement(&request, unit, operation.clone());
+            let usage = s.usage.expect("a settlement carries its usage");
+            assert_eq!(
+                (
+                    s.actual_units,
+                    usage.reported_input_tokens,
+                    usage.counted_input_tokens,
+                    usage.output_tokens,
+                    usage.model.as_deref(),
+                    s.operation_id.as_ref(),
+                ),
+                (
+                    actual,
+                    reported,
+                    Some(100),
+                    Some(output),
+                    model,
+                    Some(&operation)
+                ),
+                "{unit:?}"
+            );
+        }
     }
 }

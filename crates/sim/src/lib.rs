@@ -30,7 +30,9 @@
 //!   what the client crate's own `SseScanner` and `UsageMeter` counted of
 //!   the events sent before the cut (byte chunks split anywhere, an earlier
 //!   delta now and then repeated), input from the gateway's count when the
-//!   stream was cut before `message_start` (`RunConfig::stream_cancel`,
+//!   stream was cut before `message_start`. The settle is the one the
+//!   client's lease sends for a dropped stream (`UsageMeter::settlement`),
+//!   as JSON read by the server's own `SettleBody` (`RunConfig::stream_cancel`,
 //!   on unless `--no-stream-cancel`). A ledger that charged no input when
 //!   the provider reported none, planted by hand in core's
 //!   `Dimension::used_units`, failed 91 of seeds 1–100 this way
@@ -104,10 +106,10 @@
 //! ## What is not simulated yet
 //! HTTP between gateway and ledger (bodies go through the server's
 //! translations, not a socket); the real client crate's request loop
-//! (`crates/client`: its retry loop, the lease that settles a dropped
-//! stream, the fair scheduler) — the gateways' calls here are the
-//! simulator's own; the shard book, the SSE scanner and the usage meter are
-//! the client's; shards that carve a route's token dimensions (a shard of
+//! (`crates/client`: its retry loop, the lease's background settle of a
+//! dropped stream, the fair scheduler) — the gateways' calls here are the
+//! simulator's own; the shard book, the SSE scanner, the usage meter and
+//! the settlement a lease sends are the client's; shards that carve a route's token dimensions (a shard of
 //! `chat` carves requests only: a cut-off gateway's tokens are not bounded
 //! by it, and not recorded on reconcile); several nodes and Kafka
 //! ownership (beyond the one zombie above); the projector and replay; a gate for "UNKNOWN never counted as unused" beyond core's

@@ -287,8 +287,8 @@ impl World {
                 let output = self.rng.range(0, max * 5 / 2);
                 let reported = counted_input_tokens + self.rng.range(0, 200);
                 if self.stream_cancel && self.rng.chance(150) {
-                    let usage = self.cancelled_stream(counted_input_tokens, reported, output);
-                    return (None, Some(usage));
+                    let sizing = (counted_input_tokens, max_tokens);
+                    return self.cancelled_stream(c, sizing, reported, output);
                 }
                 (
                     None,
@@ -661,7 +661,8 @@ impl World {
     }
 
     /// What a settle with `(actual_units, usage)` spends in each dimension
-    /// of the call's route, primary first: requests 1, input as reported
+    /// of the call's route, primary first: requests 1 (given, as the
+    /// client's settlement gives it, or derived), input as reported
     /// (the gateway's count if the provider reported none), output as
     /// reported (`chat`); the units given (`embed`).
     fn expected_usage(
@@ -671,7 +672,7 @@ impl World {
     ) -> Vec<u64> {
         match (self.calls[c].route, actual_units, usage) {
             (Route::Embed, Some(units), _) => vec![*units],
-            (Route::Chat, None, Some(u)) => vec![
+            (Route::Chat, None | Some(1), Some(u)) => vec![
                 1,
                 u.reported_input_tokens
                     .or(u.counted_input_tokens)

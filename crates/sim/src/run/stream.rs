@@ -9,13 +9,18 @@
 //! through the client crate's own [`SseScanner`] in byte chunks of random
 //! size (an event split anywhere, several in one chunk), and their data
 //! through its [`UsageMeter`]; now and then a proxy repeats an earlier
-//! delta after a later one, which must not lower the count. The settle
-//! carries the meter's output, and its reported input if `message_start`
-//! arrived (the ledger then charges the gateway's own count, as the lease's
-//! settlement does). The meter agreeing with the events sent is asserted
-//! here (a failure is the `panicked` gate, with the seed to replay it).
+//! delta after a later one, which must not lower the count. The settle is
+//! what the client's lease sends for a dropped stream
+//! ([`UsageMeter::settlement`]: one request on `chat`, the meter's output,
+//! its reported input if `message_start` arrived, else the gateway's
+//! count), as JSON, read by the server's own settle body
+//! ([`SettleBody`], which refuses fields it does not know), and translated
+//! as the server's settle handler does. The meter agreeing with the events
+//! sent is asserted here (a failure is the `panicked` gate, with the seed to
+//! replay it).
 
-use reservoir_client::{SseScanner, UsageMeter};
+use reservoir_client::{CapacityUnit, ReserveRequest, SseScanner, UsageMeter};
+use reservoir_server::bodies::SettleBody;
 use serde_json::json;
 
 use super::*;
@@ -24,15 +29,16 @@ use super::*;
 const MAX_DELTAS: u64 = 5;
 
 impl World {
-    /// The usage a cancelled stream settles with: `reported` is what the
-    /// provider says the input was, `output` what the whole answer would
-    /// have used. Draws from the run's generator.
+    /// What call `c`'s cancelled stream settles with (primary units,
+    /// usage): `reported` is what the provider says the input was, `output`
+    /// what the whole answer would have used. Draws from the run's generator.
     pub(super) fn cancelled_stream(
         &mut self,
-        counted_input_tokens: u64,
+        c: usize,
+        (counted_input_tokens, max_tokens): (u64, Option<u64>),
         reported: u64,
         output: u64,
-    ) -> Usage {
+    ) -> (Option<u64>, Option<Usage>) {
         let deltas = self.rng.range(1, MAX_DELTAS);
         let at = |i: u64| output * i / deltas;
         let mut events = vec![json!({"type": "message_start", "message": {
@@ -88,12 +94,25 @@ impl World {
         } else {
             "stream cancelled mid-way, settled at the meter's count"
         });
-        Usage {
-            model: None,
-            output_tokens: Some(meter.output_tokens()),
-            counted_input_tokens: Some(counted_input_tokens),
-            reported_input_tokens: meter.reported_input_tokens(),
-            cache_read_input_tokens: None,
-        }
+        let call = &self.calls[c];
+        let request = ReserveRequest::tokens(
+            TENANTS[call.tenant].name,
+            call.route.name(),
+            counted_input_tokens,
+            max_tokens,
+        );
+        let operation = reservoir_client::OperationId::new(call.operation.as_str())
+            .expect("the simulator's operation ids are valid");
+        let settlement = meter.settlement(&request, CapacityUnit::Requests, operation);
+        let body: SettleBody = serde_json::from_value(
+            serde_json::to_value(&settlement).expect("a settlement serializes"),
+        )
+        .expect("the server reads the client's settle body");
+        assert_eq!(
+            body.operation_id.as_deref(),
+            Some(call.operation.as_str()),
+            "the settle names the call's operation"
+        );
+        (body.actual_units, body.usage.map(Usage::from))
     }
 }
