@@ -95,16 +95,53 @@ string_id!(
 
 /// sha256 of the canonical request. Same reservation id + same digest is a retry;
 /// same id + different digest is a different request and is rejected.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+///
+/// Serialized (JSON read models, snapshots, state documents) as 64 lowercase
+/// hex digits. Documents written before that hold an array of 32 numbers,
+/// which is still read.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestDigest(pub [u8; 32]);
 
 impl RequestDigest {
     pub fn to_hex(&self) -> String {
-        use fmt::Write;
-        self.0.iter().fold(String::with_capacity(64), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+        hex::encode(self.0)
+    }
+}
+
+impl Serialize for RequestDigest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut digits = [0u8; 64];
+        hex::encode_to_slice(self.0, &mut digits).expect("64 digits for 32 bytes");
+        serializer.serialize_str(std::str::from_utf8(&digits).expect("hex is ASCII"))
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Digest;
+        impl<'de> serde::de::Visitor<'de> for Digest {
+            type Value = RequestDigest;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a sha-256 digest: 64 hex digits, or an array of 32 bytes")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RequestDigest, E> {
+                let mut bytes = [0u8; 32];
+                hex::decode_to_slice(v, &mut bytes).map_err(E::custom)?;
+                Ok(RequestDigest(bytes))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<RequestDigest, A::Error> {
+                let bytes =
+                    <[u8; 32]>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(RequestDigest(bytes))
+            }
+        }
+        deserializer.deserialize_any(Digest)
     }
 }
 
@@ -160,5 +197,40 @@ impl fmt::Display for PartitionKey {
             "{}|{}|{}|g{}",
             self.subject, self.route, self.accounting_epoch, self.policy_generation
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A digest is written as hex; one written as 32 numbers, as read models
+    /// and snapshots held it before, is still read; anything else is refused.
+    #[test]
+    fn a_digest_is_hex_and_the_old_array_form_still_reads() {
+        let digest = RequestDigest(std::array::from_fn(|i| (i * 8) as u8));
+        let hex = serde_json::to_value(digest).unwrap();
+        assert_eq!(hex, serde_json::json!(digest.to_hex()));
+        assert_eq!(digest.to_hex().len(), 64);
+        assert!(digest.to_hex().starts_with("00081018"));
+        let old = serde_json::to_value(digest.0).unwrap();
+        assert!(old.is_array());
+        for form in [hex, old] {
+            assert_eq!(
+                serde_json::from_value::<RequestDigest>(form).unwrap(),
+                digest
+            );
+        }
+        for bad in [
+            serde_json::json!("00"),
+            serde_json::json!("zz".repeat(32)),
+            serde_json::json!([1, 2, 3]),
+            serde_json::json!(7),
+        ] {
+            assert!(
+                serde_json::from_value::<RequestDigest>(bad.clone()).is_err(),
+                "{bad}"
+            );
+        }
     }
 }
