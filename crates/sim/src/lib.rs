@@ -34,9 +34,10 @@
 //!   client's lease sends for a dropped stream (`UsageMeter::settlement`),
 //!   as JSON read by the server's own `SettleBody` (`RunConfig::stream_cancel`,
 //!   on unless `--no-stream-cancel`). A ledger that charged no input when
-//!   the provider reported none, planted by hand in core's
+//!   the provider reported none, edited by hand into core's
 //!   `Dimension::used_units`, failed 91 of seeds 1–100 this way
-//!   (`unexpected_answer`) and none of them without cancelled streams.
+//!   (`unexpected_answer`) and none of them without cancelled streams; the
+//!   plant `input-uncounted` is the same fault on the gateway's side.
 //! - An operator publishing new generations and rolling back, with
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
@@ -180,6 +181,10 @@
 //!   comes back under its old boot epoch and installs its shards again
 //!   without their receipts, so a shard is spent twice (or reconciled with
 //!   the second process's receipts only).
+//! - `input-uncounted`: what the gateway *sends*: a settle's usage loses
+//!   the gateway's counted input when the provider reported none (a body
+//!   translation that drops a field), which only a stream cancelled before
+//!   `message_start` makes; the model keeps what the gateway meant.
 
 /// The allocator of everything that links this crate: the `reservoir-sim`
 /// binary and the test binary (the CI run is the simulator's largest user).

@@ -62,15 +62,20 @@ pub enum Plant {
     /// its shards again, without their receipts (what the gateway *keeps*):
     /// a shard usable after a restart, spent twice.
     ShardAfterRestart,
+    /// A settle's body loses the gateway's counted input (a translation
+    /// that drops a field): a stream cancelled before the provider reported
+    /// its input settles with no input at all (needs cancelled streams).
+    InputUncounted,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 5] = [
+    pub const ALL: [Plant; 6] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
         Plant::IndexForgets,
         Plant::ShardAfterRestart,
+        Plant::InputUncounted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -80,6 +85,7 @@ impl Plant {
             Plant::LostWrite => "lost-write",
             Plant::IndexForgets => "index-forgets",
             Plant::ShardAfterRestart => "shard-after-restart",
+            Plant::InputUncounted => "input-uncounted",
         }
     }
 

@@ -69,6 +69,10 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
             Gate::ModelDisagrees,
             Gate::RemintUnbacked,
         ],
+        // The ledger refuses a settle whose usage names no input (it has
+        // nothing to charge the input dimension); the gateway meant to send
+        // its count, and no correct ledger refuses that.
+        Plant::InputUncounted => &[Gate::UnexpectedAnswer, Gate::ModelDisagrees],
     }
 }
 

@@ -256,10 +256,16 @@ impl World {
                 },
             },
             Phase::Settle => {
-                let (actual_units, usage) = call
+                let (actual_units, mut usage) = call
                     .settle
                     .clone()
                     .expect("a settle's usage is fixed before it is sent");
+                if self.plant == Some(Plant::InputUncounted) {
+                    // What is sent, not what the gateway (the model) meant.
+                    if let Some(u) = usage.as_mut().filter(|u| u.reported_input_tokens.is_none()) {
+                        u.counted_input_tokens = None;
+                    }
+                }
                 Request::Settle {
                     key: key(),
                     id: call.id.clone(),
