@@ -211,3 +211,30 @@ async def test_on_a_route_that_limits_requests_a_sized_call_holds_one_unit(ledge
         assert after["reminted_units"] == 1
     finally:
         back.stop()
+
+
+def test_a_local_settle_counts_input_as_the_ledger_does(ledger: Server) -> None:
+    """A settle from usage charges input as the ledger would: the provider's
+    count when it gave one, 0 included (a provider that never took the
+    request reports 0: ``StreamMeter.usage``), else the gateway's own."""
+    subject, route = unique("t"), unique("embed")
+    publish(ledger.base, subject, route, burst=10_000, emergency=True)
+    book = ShardBook("gw-py-1", 1, public_key(ledger.base))
+    with Reservoir(ledger.base, fallback=book, retry=QUICK) as rsv:
+        doc = rsv.issue_shard(subject, route, 3_000, ttl_ms=600_000)
+    ledger.stop()
+    table = [
+        # usage at the settle                                                   -> units spent
+        (Usage(output_tokens=40, counted_input_tokens=100, reported_input_tokens=0), 40),
+        (Usage(output_tokens=40, counted_input_tokens=100, reported_input_tokens=120), 160),
+        (Usage(output_tokens=40, counted_input_tokens=100), 140),
+    ]
+    with Reservoir(ledger.base, fallback=book, retry=QUICK) as rsv:
+        for usage, units in table:
+            r = rsv.reserve(subject, route, counted_input_tokens=100, max_tokens=200)
+            assert r.extra["local_shard_id"] == doc.shard_id
+            rsv.start(r.id, unique("op"))
+            assert rsv.settle(r.id, usage=usage).actual_units == units, usage
+    assert book.books(doc.shard_id) == ShardBooks(
+        allocated_units=3_000, local_available_units=3_000 - 340, local_spent_units=340
+    )

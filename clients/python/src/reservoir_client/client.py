@@ -324,7 +324,9 @@ class _Protocol:
             if used is None:
                 if usage is None:
                     raise ValueError("give actual_units, or usage to count the units from")
-                input_tokens = usage.reported_input_tokens or usage.counted_input_tokens or 0
+                # As the ledger counts it: a reported 0 is a count, not a missing one.
+                reported = usage.reported_input_tokens
+                input_tokens = reported if reported is not None else (usage.counted_input_tokens or 0)
                 used = book.units_used(reservation_id, input_tokens, usage.output_tokens or 0)
             ended = book.settle(reservation_id, used)
             new = replace(receipt, state="SETTLED", actual_units=used, held_units=0, created=False)
