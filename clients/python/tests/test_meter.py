@@ -37,7 +37,8 @@ def chunk(content: str | None = None, usage: Any = None, tool_args: str | None =
 
 ROWS: list[tuple[str, list[Any], bool, tuple[int, int]]] = [
     # name, events, stream finished, (input charged, output counted)
-    ("nothing arrived: nothing charged", [], False, (0, 0)),
+    # Unless the provider refused (provider_refused): it may have run.
+    ("nothing arrived: the gateway's count", [], False, (100, 0)),
     ("anthropic cut short, no usage yet: deltas", [start(), text("abcd"), text("abcdefgh")], False, (50, 3)),
     ("anthropic cumulative usage above the estimate wins", [start(), text("a"), delta_usage(40)], False, (50, 40)),
     ("anthropic completed: the final usage is the count", [start(), text("a" * 400), delta_usage(7), E(type="message_stop")], False, (50, 7)),
@@ -59,3 +60,16 @@ def test_the_running_count(name: str, events: list[Any], finished: bool, expecte
         meter.finished()
     assert (meter.input_tokens, meter.output_tokens) == expected
     assert meter.total_tokens == sum(expected)
+
+
+def test_before_its_first_event_a_call_is_charged_its_count_unless_refused() -> None:
+    """A stream that ended before any event may have run: the gateway's count
+    is charged. A provider that answered an error status did not run: 0."""
+    silent = StreamMeter(counted_input_tokens=80)
+    assert (silent.input_tokens, silent.usage().reported_input_tokens, silent.usage().counted_input_tokens) == (80, None, 80)
+    refused = StreamMeter(counted_input_tokens=80)
+    refused.provider_refused()
+    assert (refused.input_tokens, refused.usage().reported_input_tokens) == (0, 0)
+    # Once the provider reported its input, that is the count either way.
+    refused.observe(start(input_tokens=50))
+    assert (refused.input_tokens, refused.usage().reported_input_tokens) == (50, 50)

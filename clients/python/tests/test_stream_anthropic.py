@@ -217,6 +217,26 @@ async def test_a_provider_that_refuses_before_streaming_settles_nothing(
     assert (p["spent_units"], p["reserved_units"], p["available_units"]) == (0, 0, BURST)
 
 
+async def test_a_provider_that_cannot_be_reached_is_charged_the_counted_input(
+    base: str, subject: str, route: str
+) -> None:
+    """No answer at all (nothing listens there): the request may have run, so
+    the settle charges the gateway's count, as a refusal's 0 would not."""
+    publish(base, subject, route, burst=BURST)
+    unreachable = anthropic.AsyncAnthropic(base_url="http://127.0.0.1:9", api_key="test-key", max_retries=0)
+    async with AsyncReservoir(base) as rsv, unreachable as sdk:
+        r = await reserve(rsv, subject, route)
+        guard = guarded_stream(rsv, r, sdk.messages.stream(**request()), counted_input_tokens=COUNTED)
+        with pytest.raises(anthropic.APIConnectionError):
+            async with guard:
+                pass
+        assert guard.settled is not None
+        assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", COUNTED)
+        assert not guard.meter.refused
+    p = assert_conserved(base, subject)
+    assert (p["spent_units"], p["reserved_units"], p["available_units"]) == (COUNTED, 0, BURST - COUNTED)
+
+
 def test_the_sync_sdk_and_client_settle_the_same_way(base: str, subject: str, route: str, provider: FakeProvider) -> None:
     publish(base, subject, route, burst=BURST)
     provider.reset(Script(input_tokens=REPORTED, output_tokens=1_500))

@@ -17,6 +17,7 @@ pub struct UsageMeter {
     reported_input_tokens: Option<u64>,
     model: Option<String>,
     finished: bool,
+    refused: bool,
 }
 
 impl UsageMeter {
@@ -39,6 +40,16 @@ impl UsageMeter {
         self.finished
     }
 
+    /// The provider answered the call with an error status before streaming
+    /// anything (a 429, a 400, a 5xx): it did not run, so the settle charges
+    /// no input unless the provider reported some. Without this, a stream
+    /// that ended before its first event is charged the gateway's count: its
+    /// request may have reached the provider, and an unknown use is never
+    /// counted as unused.
+    pub fn provider_refused(&mut self) {
+        self.refused = true;
+    }
+
     /// Output tokens the gateway counted itself (a provider without usage in its stream).
     pub fn add_output_tokens(&mut self, n: u64) {
         self.output_tokens = self.output_tokens.saturating_add(n);
@@ -54,7 +65,8 @@ impl UsageMeter {
     }
 
     /// What settling `request` now would send, on a route counted in `unit`:
-    /// input (the provider's reported count, else the gateway's) plus the
+    /// input (the provider's reported count, else the gateway's, or 0 if the
+    /// provider refused the call: [`UsageMeter::provider_refused`]) plus the
     /// output counted so far. A [`crate::Lease`] settles with it, on finish
     /// and when a cancelled stream drops it.
     pub fn settlement(
@@ -70,7 +82,12 @@ impl UsageMeter {
             } => Some(counted_input_tokens),
             crate::Sizing::Units(_) => None,
         };
-        let input = self.reported_input_tokens().or(counted).unwrap_or(0);
+        // A refusal reports 0 input, so the ledger charges none either.
+        let reported = match (self.reported_input_tokens(), self.refused) {
+            (None, true) => Some(0),
+            (reported, _) => reported,
+        };
+        let input = reported.or(counted).unwrap_or(0);
         let output = self.output_tokens();
         let model = self
             .model()
@@ -84,7 +101,7 @@ impl UsageMeter {
                 model,
                 output_tokens: Some(output),
                 counted_input_tokens: counted,
-                reported_input_tokens: self.reported_input_tokens(),
+                reported_input_tokens: reported,
             }),
         }
     }
@@ -343,5 +360,32 @@ mod tests {
                 "{unit:?}"
             );
         }
+    }
+
+    /// A call the provider refused before streaming is charged no input; one
+    /// that ended before its first event for any other reason is charged the
+    /// gateway's count.
+    #[test]
+    fn a_refused_call_is_charged_no_input_and_a_silent_one_its_count() {
+        let request = ReserveRequest::tokens("t", "chat", 100, Some(500));
+        let operation = OperationId::new("op-1").unwrap();
+        let silent = UsageMeter::default();
+        let mut refused = UsageMeter::default();
+        refused.provider_refused();
+        for (meter, actual, reported) in [(&silent, 100, None), (&refused, 0, Some(0))] {
+            let s = meter.settlement(&request, CapacityUnit::Tokens, operation.clone());
+            let usage = s.usage.unwrap();
+            assert_eq!(
+                (
+                    s.actual_units,
+                    usage.reported_input_tokens,
+                    usage.counted_input_tokens
+                ),
+                (actual, reported, Some(100))
+            );
+        }
+        // A request still counts on a route that limits requests.
+        let s = refused.settlement(&request, CapacityUnit::Requests, operation);
+        assert_eq!(s.actual_units, 1);
     }
 }

@@ -61,6 +61,9 @@ class StreamMeter:
     estimated_output_tokens: int = 0
     #: The provider answered with a stream (it took the input).
     accepted: bool = False
+    #: The provider answered the call with an error status before streaming
+    #: (a 429, a 400, a 5xx): it did not run, so no input is charged.
+    refused: bool = False
     #: The stream reached its end (``message_stop``, OpenAI's usage chunk, or
     #: the iterator was exhausted).
     completed: bool = False
@@ -77,22 +80,28 @@ class StreamMeter:
 
     @property
     def input_tokens(self) -> int:
-        """Input to charge: the provider's count if it gave one, else the
-        gateway's, and nothing if the provider never took the request."""
+        """Input to charge: the provider's count if it gave one, nothing if it
+        refused the call, else the gateway's: a stream that ended before its
+        first event for any other reason (a dropped connection, a timeout) may
+        have run, and an unknown use is never counted as unused."""
         if self.reported_input_tokens is not None:
             return self.reported_input_tokens
-        return self.counted_input_tokens if self.accepted else 0
+        return 0 if self.refused else self.counted_input_tokens
 
     @property
     def total_tokens(self) -> int:
         """Input + output so far: what a stream ending now has used."""
         return self.input_tokens + self.output_tokens
 
+    def provider_refused(self) -> None:
+        """The provider answered the call with an error status before streaming."""
+        self.refused = True
+
     def usage(self) -> Usage:
-        """What the call used, for the settle. A provider that never took the
-        request (it refused before streaming) reports 0 input: the ledger then
-        charges no input in any dimension, and no drift sample is made."""
-        if not self.accepted and self.reported_input_tokens is None:
+        """What the call used, for the settle. A provider that refused the
+        request before streaming reports 0 input: the ledger then charges no
+        input in any dimension, and no drift sample is made."""
+        if self.refused and self.reported_input_tokens is None:
             return Usage(model=self.model, output_tokens=self.output_tokens, reported_input_tokens=0)
         return Usage(
             model=self.model,

@@ -105,6 +105,14 @@ class _Guard:
     def _settle_args(self) -> tuple[int | None, dict[str, Any]]:
         return self._settle_units(self.meter), {"operation_id": self.operation_id, "usage": self.meter.usage()}
 
+    def _opening_failed(self, error: BaseException) -> None:
+        """Opening the provider stream raised: an error status from the
+        provider (the SDKs' status errors carry ``status_code``) means the
+        call did not run; anything else (no connection, a timeout, a
+        cancellation) leaves it unknown, and the gateway's count is charged."""
+        if isinstance(getattr(error, "status_code", None), int):
+            self.meter.provider_refused()
+
     def _settle_failed(self, error: BaseException, propagating: BaseException | None) -> None:
         if propagating is None:
             raise error
@@ -156,6 +164,7 @@ class AsyncGuardedStream(_Guard, Generic[E]):
             iterable: AsyncIterable[E] = self._stream
             self._iterator = iterable.__aiter__()
         except BaseException as exc:
+            self._opening_failed(exc)
             await self._finish(exc)
             raise
         return self
@@ -245,6 +254,7 @@ class GuardedStream(_Guard, Generic[E]):
             iterable: Iterable[E] = self._stream
             self._iterator = iter(iterable)
         except BaseException as exc:
+            self._opening_failed(exc)
             self._finish(exc)
             raise
         return self

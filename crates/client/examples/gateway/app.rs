@@ -10,7 +10,8 @@
 //! 4. the provider's SSE bytes are passed through untouched while the lease
 //!    counts their usage; at `message_stop` it settles what was used, and if
 //!    the client hangs up (the body is dropped) or the provider fails, the
-//!    dropped lease settles against the count in the background.
+//!    dropped lease settles against the count in the background (no input
+//!    if the provider answered an error status: it did not run).
 //!
 //! The answer carries `x-reservation-id`, so a caller can look the settle up.
 
@@ -93,11 +94,12 @@ async fn messages(
         Err(e) => return ledger_error(e),
     };
     let id = reservation.id().to_string();
-    let lease = match g.scheduler.start(reservation).await {
+    let mut lease = match g.scheduler.start(reservation).await {
         Ok(lease) => lease,
         Err(e) => return ledger_error(e),
     };
-    // Dropped on any early return below: settles against the count (input only so far).
+    // Dropped on any early return below: settles against the count (the
+    // gateway's counted input so far, none if the provider refused).
     let upstream = match g
         .http
         .post(format!("{}/v1/messages", g.provider))
@@ -107,10 +109,12 @@ async fn messages(
     {
         Ok(r) if r.status().is_success() => r,
         Ok(r) => {
+            // It answered an error: the call did not run, no input is charged.
+            lease.meter().provider_refused();
             return problem(
                 StatusCode::BAD_GATEWAY,
                 format!("provider answered {}", r.status()),
-            )
+            );
         }
         Err(e) => {
             return problem(

@@ -7,13 +7,14 @@
 //! gateway does not see), so the ledger's input drift has something to learn.
 //! `metadata.fake_pause_after_tokens` makes it stop generating at that count
 //! and send only `ping`s from then on — a slow generation, so a test can hang
-//! up mid-stream at a known count.
+//! up mid-stream at a known count. `metadata.fake_refuse_status` makes it
+//! refuse the call with that status, as a provider's own rate limit does.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -55,6 +56,15 @@ struct Generation {
 }
 
 async fn messages(Json(body): Json<Value>) -> Response {
+    if let Some(status) = body["metadata"]["fake_refuse_status"]
+        .as_u64()
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| axum::http::StatusCode::from_u16(s).ok())
+    {
+        let error =
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "refused"}});
+        return (status, Json(error)).into_response();
+    }
     let g = Generation {
         model: body["model"].as_str().unwrap_or("fake-model").to_string(),
         input: count_input_tokens(&body) + HIDDEN_PROMPT_TOKENS,

@@ -147,5 +147,37 @@ async fn the_example_gateway_settles_a_hung_up_stream_at_its_count() {
         ),
         (Some(2), Some(spent), Some(0))
     );
+
+    // 3. The provider refuses the call (its own rate limit): the gateway
+    // answers 502 and its dropped lease settles with no input (the call did
+    // not run), in the background.
+    let refused = caller
+        .post(format!("{gateway}/v1/messages"))
+        .header("x-tenant", "g1")
+        .json(
+            &json!({"model": "fake-model", "max_tokens": 100, "messages": prompt,
+                      "metadata": {"fake_refuse_status": 429}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 502);
+    let mut p = ledger.partition("g1", app::ROUTE).await;
+    for _ in 0..3_000 {
+        if p["reservations"].as_u64() == Some(3) && p["reserved_units"].as_u64() == Some(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        p = ledger.partition("g1", app::ROUTE).await;
+    }
+    assert_eq!(
+        (
+            p["reservations"].as_u64(),
+            p["spent_units"].as_u64(),
+            p["reserved_units"].as_u64()
+        ),
+        (Some(3), Some(spent), Some(0)),
+        "the refused call settled with nothing spent"
+    );
     assert_eq!(client.background_failures(), 0);
 }
