@@ -30,7 +30,8 @@
 //!   what the client crate's own `SseScanner` and `UsageMeter` counted of
 //!   the events sent before the cut (byte chunks split anywhere, an earlier
 //!   delta now and then repeated), input from the gateway's count when the
-//!   stream was cut before `message_start`. The settle is the one the
+//!   stream was cut before `message_start` (none when the provider refused
+//!   the call with an error status). The settle is the one the
 //!   client's lease sends for a dropped stream (`UsageMeter::settlement`),
 //!   as JSON read by the server's own `SettleBody` (`RunConfig::stream_cancel`,
 //!   on unless `--no-stream-cancel`). A ledger that charged no input when

@@ -12,8 +12,8 @@
 //! delta after a later one, which must not lower the count. The settle is
 //! what the client's lease sends for a dropped stream
 //! ([`UsageMeter::settlement`]: one request on `chat`, the meter's output,
-//! its reported input if `message_start` arrived, else the gateway's
-//! count), as JSON, read by the server's own settle body
+//! its reported input if `message_start` arrived, none if the provider
+//! refused the call before streaming, else the gateway's count), as JSON, read by the server's own settle body
 //! ([`SettleBody`], which refuses fields it does not know), and translated
 //! as the server's settle handler does. The meter agreeing with the events
 //! sent is asserted here (a failure is the `panicked` gate, with the seed to
@@ -78,6 +78,13 @@ impl World {
             }
             at_byte = end;
         }
+        // Cut before its first event: half the time the provider refused the
+        // call outright (an error status: it did not run, no input), else
+        // the cause is unknown and the gateway's count is charged.
+        let refused = sent == 0 && self.rng.chance(500);
+        if refused {
+            meter.provider_refused();
+        }
         let reported_seen = (sent >= 1).then_some(reported);
         assert_eq!(
             (
@@ -89,7 +96,9 @@ impl World {
             "the client's meter after {sent} of {} events",
             events.len()
         );
-        self.count(if sent == 0 {
+        self.count(if refused {
+            "stream refused by the provider before its first event (no input)"
+        } else if sent == 0 {
             "stream cancelled before its first event (input: the gateway's count)"
         } else {
             "stream cancelled mid-way, settled at the meter's count"
