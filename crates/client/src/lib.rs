@@ -16,7 +16,9 @@
 //!   OpenAI-style stream usage and settles on finish, or — cancelled, failed,
 //!   dropped — in the background against what the count reached, recording
 //!   usage (model, counted and reported input, output) for the ledger's
-//!   estimates and drift.
+//!   estimates and drift. A call that ended before its first event is
+//!   charged the gateway's counted input, unless the provider refused it
+//!   with an error status ([`UsageMeter::provider_refused`]): then none.
 //! - [`StartScheduler`]: when only so many provider calls may run, picks the
 //!   next RESERVED request to start by tenant weight and policy priority.
 //! - [`Fallback`]: the hook where emergency shards admit while the ledger is
