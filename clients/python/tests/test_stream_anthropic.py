@@ -200,41 +200,36 @@ async def test_a_reservation_started_by_the_caller_keeps_its_operation_id(
     assert assert_conserved(base, subject)["spent_units"] == 170
 
 
-async def test_a_provider_that_refuses_before_streaming_settles_nothing(
-    base: str, subject: str, route: str, provider: FakeProvider
+@pytest.mark.parametrize(
+    ("case", "raised", "charged"),
+    [
+        # The provider's own rate limit: it did not run, nothing is charged.
+        ("refused", anthropic.RateLimitError, 0),
+        # No answer at all (nothing listens there): the request may have run,
+        # so the settle charges the gateway's count.
+        ("unreachable", anthropic.APIConnectionError, COUNTED),
+    ],
+)
+async def test_a_call_that_ends_before_streaming_is_charged_its_input_unless_refused(
+    base: str, subject: str, route: str, provider: FakeProvider, case: str, raised: type[Exception], charged: int
 ) -> None:
     publish(base, subject, route, burst=BURST)
-    provider.reset(Script(refuse_status=429))  # the provider's own rate limit
-    async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
+    provider.reset(Script(refuse_status=429))
+    if case == "refused":
+        sdk_client = async_sdk(provider)
+    else:
+        sdk_client = anthropic.AsyncAnthropic(base_url="http://127.0.0.1:9", api_key="test-key", max_retries=0)
+    async with AsyncReservoir(base) as rsv, sdk_client as sdk:
         r = await reserve(rsv, subject, route)
         guard = guarded_stream(rsv, r, sdk.messages.stream(**request()), counted_input_tokens=COUNTED)
-        with pytest.raises(anthropic.RateLimitError):
+        with pytest.raises(raised):
             async with guard:
                 pass
         assert guard.settled is not None
-        assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", 0)
+        assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", charged)
+        assert guard.meter.refused == (case == "refused")
     p = assert_conserved(base, subject)
-    assert (p["spent_units"], p["reserved_units"], p["available_units"]) == (0, 0, BURST)
-
-
-async def test_a_provider_that_cannot_be_reached_is_charged_the_counted_input(
-    base: str, subject: str, route: str
-) -> None:
-    """No answer at all (nothing listens there): the request may have run, so
-    the settle charges the gateway's count, as a refusal's 0 would not."""
-    publish(base, subject, route, burst=BURST)
-    unreachable = anthropic.AsyncAnthropic(base_url="http://127.0.0.1:9", api_key="test-key", max_retries=0)
-    async with AsyncReservoir(base) as rsv, unreachable as sdk:
-        r = await reserve(rsv, subject, route)
-        guard = guarded_stream(rsv, r, sdk.messages.stream(**request()), counted_input_tokens=COUNTED)
-        with pytest.raises(anthropic.APIConnectionError):
-            async with guard:
-                pass
-        assert guard.settled is not None
-        assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", COUNTED)
-        assert not guard.meter.refused
-    p = assert_conserved(base, subject)
-    assert (p["spent_units"], p["reserved_units"], p["available_units"]) == (COUNTED, 0, BURST - COUNTED)
+    assert (p["spent_units"], p["reserved_units"], p["available_units"]) == (charged, 0, BURST - charged)
 
 
 def test_the_sync_sdk_and_client_settle_the_same_way(base: str, subject: str, route: str, provider: FakeProvider) -> None:

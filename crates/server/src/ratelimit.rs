@@ -69,8 +69,9 @@ impl RateLimits {
     }
 
     /// Writes every header (see the module doc). On every reservation
-    /// answer, so built without a format string per value (`itoa`) or a
-    /// header name parsed at run time (constants): with them it cost 9,500
+    /// answer, so built without a format string per value (`itoa`, in
+    /// [`duration`] too) or a header name parsed at run time (constants):
+    /// with them it cost 9,500
     /// instructions per answer, 5 % of the server's, and 5,700 with the
     /// format strings alone (callgrind; bench-results/request-cost.md).
     pub fn write_headers(&self, headers: &mut HeaderMap) {
@@ -144,15 +145,23 @@ fn insert(headers: &mut HeaderMap, name: HeaderName, value: String) {
 /// A duration as the providers write it: `250ms`, `1s`, `6m0s`, `2h0m0s`
 /// (rounded up to the millisecond below a second, to the second above).
 pub fn duration(ms: u64) -> String {
+    let mut out = String::with_capacity(12);
+    let mut digits = itoa::Buffer::new();
     if ms < 1000 {
-        return format!("{ms}ms");
+        out.push_str(digits.format(ms));
+        out.push_str("ms");
+        return out;
     }
     let s = ms.div_ceil(1000);
-    match (s / 3600, s % 3600 / 60, s % 60) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, s) => format!("{m}m{s}s"),
-        (h, m, s) => format!("{h}h{m}m{s}s"),
+    let (h, m, s) = (s / 3600, s % 3600 / 60, s % 60);
+    // Hours only when there are some; minutes once there are hours or minutes.
+    for (n, unit, shown) in [(h, "h", h > 0), (m, "m", h > 0 || m > 0), (s, "s", true)] {
+        if shown {
+            out.push_str(digits.format(n));
+            out.push_str(unit);
+        }
     }
+    out
 }
 
 #[cfg(test)]
@@ -226,6 +235,8 @@ mod tests {
             (59_000, "59s"),
             (360_000, "6m0s"),
             (7_261_000, "2h1m1s"),
+            (3_600_000, "1h0m0s"),
+            (120_000, "2m0s"),
         ] {
             assert_eq!(duration(ms), text);
         }

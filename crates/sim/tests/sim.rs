@@ -113,6 +113,16 @@ fn every_planted_bug_is_found() {
     }
 }
 
+/// `config` without what the simulator gained since shards of `chat`
+/// (those shards, cancelled streams): the interleavings seeds ran before.
+fn before_chat_shards(config: RunConfig) -> RunConfig {
+    RunConfig {
+        chat_shards: false,
+        stream_cancel: false,
+        ..config
+    }
+}
+
 #[test]
 fn the_same_seed_gives_the_same_trace_hash() {
     let config = RunConfig::new(CI_STEPS);
@@ -128,14 +138,9 @@ fn the_same_seed_gives_the_same_trace_hash() {
     // shard (`node::Hold`). Each run here is a new runtime with a new seed
     // for tokio's generator. It ran before shards of `chat` and cancelled
     // streams were simulated.
-    let before_chat_shards = RunConfig {
-        chat_shards: false,
-        stream_cancel: false,
-        ..config
-    };
-    let hashes: std::collections::BTreeSet<String> = (0..8)
-        .map(|_| run(490_076, &before_chat_shards).trace_hash)
-        .collect();
+    let old = before_chat_shards(config);
+    let hashes: std::collections::BTreeSet<String> =
+        (0..8).map(|_| run(490_076, &old).trace_hash).collect();
     assert_eq!(hashes.len(), 1, "seed 490076 gave {hashes:?}");
 }
 
@@ -195,11 +200,7 @@ fn the_seeds_that_found_bugs_pass() {
     for &(seed, steps) in FOUND {
         // Found before shards of `chat` and cancelled streams were
         // simulated: the interleaving it ran then.
-        let config = RunConfig {
-            chat_shards: false,
-            stream_cancel: false,
-            ..RunConfig::new(steps)
-        };
+        let config = before_chat_shards(RunConfig::new(steps));
         let outcome = run(seed, &config);
         assert!(
             outcome.passed(),

@@ -24,6 +24,17 @@ async fn serve(router: axum::Router) -> String {
     url
 }
 
+/// One caller request to the gateway, as tenant `g1`.
+async fn ask(gateway: &str, body: Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{gateway}/v1/messages"))
+        .header("x-tenant", "g1")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// Waits until the ledger shows the reservation finished (the gateway
 /// settles in the background once it notices the hang-up).
 async fn settled_receipt(ledger: &Client, id: &ReservationId) -> reservoir_client::Receipt {
@@ -57,20 +68,15 @@ async fn the_example_gateway_settles_a_hung_up_stream_at_its_count() {
         http: reqwest::Client::new(),
     })))
     .await;
-    let caller = reqwest::Client::new();
     let prompt = json!([{"role": "user", "content": "one two three four five six seven eight"}]);
 
     // 1. A caller that hangs up once it has seen 900 output tokens.
-    let mut answer = caller
-        .post(format!("{gateway}/v1/messages"))
-        .header("x-tenant", "g1")
-        .json(
-            &json!({"model": "fake-model", "max_tokens": 4_000, "messages": prompt,
-                      "metadata": {"fake_pause_after_tokens": 900}}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let mut answer = ask(
+        &gateway,
+        json!({"model": "fake-model", "max_tokens": 4_000, "messages": prompt,
+               "metadata": {"fake_pause_after_tokens": 900}}),
+    )
+    .await;
     assert_eq!(answer.status(), 200);
     let id = ReservationId::new(answer.headers()["x-reservation-id"].to_str().unwrap()).unwrap();
     let mut scanner = SseScanner::default();
@@ -107,13 +113,7 @@ async fn the_example_gateway_settles_a_hung_up_stream_at_its_count() {
     );
 
     // 2. A request without max_tokens: the route default (1,500) is injected and reserved.
-    let answer = caller
-        .post(format!("{gateway}/v1/messages"))
-        .header("x-tenant", "g1")
-        .json(&json!({"model": "fake-model", "messages": prompt}))
-        .send()
-        .await
-        .unwrap();
+    let answer = ask(&gateway, json!({"model": "fake-model", "messages": prompt})).await;
     let id2 = ReservationId::new(answer.headers()["x-reservation-id"].to_str().unwrap()).unwrap();
     let text = answer.text().await.unwrap();
     assert!(
@@ -151,16 +151,12 @@ async fn the_example_gateway_settles_a_hung_up_stream_at_its_count() {
     // 3. The provider refuses the call (its own rate limit): the gateway
     // answers 502 and its dropped lease settles with no input (the call did
     // not run), in the background.
-    let refused = caller
-        .post(format!("{gateway}/v1/messages"))
-        .header("x-tenant", "g1")
-        .json(
-            &json!({"model": "fake-model", "max_tokens": 100, "messages": prompt,
-                      "metadata": {"fake_refuse_status": 429}}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let refused = ask(
+        &gateway,
+        json!({"model": "fake-model", "max_tokens": 100, "messages": prompt,
+               "metadata": {"fake_refuse_status": 429}}),
+    )
+    .await;
     assert_eq!(refused.status(), 502);
     let mut p = ledger.partition("g1", app::ROUTE).await;
     for _ in 0..3_000 {
