@@ -19,6 +19,7 @@ use crate::http::{problem, rejected, Exchange};
 use crate::lease::{Hold, Reservation};
 use crate::owners::{About, Owners};
 use crate::retry::{self, Attempt, RetryPolicy};
+use crate::transport::{ReqwestTransport, Timer, TokioTimer, Transport};
 use crate::types::{
     path_segment, ActivePolicyBody, OperationId, Receipt, ReservationId, ReserveRequest, RouteInfo,
     Settlement,
@@ -28,7 +29,8 @@ use crate::types::{
 pub struct ClientBuilder {
     base_url: String,
     retry: RetryPolicy,
-    http: Option<reqwest::Client>,
+    transport: Option<Arc<dyn Transport>>,
+    timer: Option<Arc<dyn Timer>>,
     fallback: Option<Arc<dyn Fallback>>,
     token: Option<String>,
     cluster_nodes: Vec<String>,
@@ -61,7 +63,19 @@ impl ClientBuilder {
 
     /// A `reqwest::Client` of the gateway's own (connection pool, TLS, proxies).
     pub fn http(mut self, http: reqwest::Client) -> Self {
-        self.http = Some(http);
+        self.transport = Some(Arc::new(ReqwestTransport { http }));
+        self
+    }
+
+    /// What carries the requests instead of reqwest (see [`crate::transport`]).
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// The retry loop's clock and sleeps instead of tokio's (see [`crate::transport`]).
+    pub fn timer(mut self, timer: Arc<dyn Timer>) -> Self {
+        self.timer = Some(timer);
         self
     }
 
@@ -74,7 +88,12 @@ impl ClientBuilder {
     pub fn build(self) -> Client {
         Client {
             inner: Arc::new(Inner {
-                http: self.http.unwrap_or_default(),
+                transport: self
+                    .transport
+                    .unwrap_or_else(|| Arc::new(ReqwestTransport::default())),
+                timer: self
+                    .timer
+                    .unwrap_or_else(|| Arc::new(TokioTimer::default())),
                 base: self.base_url.trim_end_matches('/').to_string(),
                 retry: self.retry,
                 routes: Mutex::new(HashMap::new()),
@@ -94,7 +113,8 @@ pub struct Client {
 }
 
 pub(crate) struct Inner {
-    pub(crate) http: reqwest::Client,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) timer: Arc<dyn Timer>,
     pub(crate) base: String,
     pub(crate) retry: RetryPolicy,
     routes: Mutex<HashMap<(String, String), RouteInfo>>,
@@ -110,7 +130,8 @@ impl Client {
         ClientBuilder {
             base_url: base_url.to_string(),
             retry: RetryPolicy::default(),
-            http: None,
+            transport: None,
+            timer: None,
             fallback: None,
             token: None,
             cluster_nodes: Vec::new(),
@@ -224,6 +245,7 @@ impl Client {
         let maybe_reached = std::sync::atomic::AtomicBool::new(false);
         let result = retry::run(
             &self.inner.retry,
+            self.inner.timer.as_ref(),
             "reserve",
             |timeout| {
                 let body = &body;
@@ -336,6 +358,7 @@ impl Client {
         let path = format!("/v1/reservations/{}", path_segment(id.as_str()));
         let result = retry::run(
             &self.inner.retry,
+            self.inner.timer.as_ref(),
             "get",
             |timeout| {
                 let path = &path;
@@ -396,6 +419,7 @@ impl Client {
         );
         let info: RouteInfo = retry::run(
             &self.inner.retry,
+            self.inner.timer.as_ref(),
             "policy",
             |timeout| {
                 let path = &path;
@@ -464,6 +488,7 @@ impl Client {
     ) -> Result<Receipt, Error> {
         let receipt = retry::run(
             &self.inner.retry,
+            self.inner.timer.as_ref(),
             step,
             |timeout| async move {
                 let exchange = self

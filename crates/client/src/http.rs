@@ -1,6 +1,7 @@
 //! One HTTP exchange with the ledger and what it comes to for the retry
 //! loop: an answer (2xx read as the wanted type; 429 a refusal, or a wait for
 //! its `Retry-After`; 503 ask again; anything else definitive), or no answer.
+//! The exchange itself is the client's [`crate::transport::Transport`].
 
 use std::time::Duration;
 
@@ -11,22 +12,9 @@ use crate::client::Client;
 use crate::error::Error;
 use crate::owners::About;
 use crate::retry::Attempt;
+pub(crate) use crate::transport::Exchange;
+use crate::transport::Outgoing;
 use crate::types::Problem;
-
-/// One HTTP exchange: an answer, or no answer (and whether the request may have been sent).
-pub(crate) enum Exchange {
-    Answer {
-        status: StatusCode,
-        retry_after: Option<Duration>,
-        body: Vec<u8>,
-        /// The owner a node forwarded the request to (`x-reservoir-served-by`).
-        served_by: Option<String>,
-    },
-    Lost {
-        why: String,
-        maybe_sent: bool,
-    },
-}
 
 impl Client {
     pub(crate) async fn exchange(
@@ -70,50 +58,14 @@ impl Client {
         timeout: Duration,
     ) -> Exchange {
         let base = at.unwrap_or(&self.inner.base);
-        let mut request = self
-            .inner
-            .http
-            .request(method, format!("{base}{path}"))
-            .timeout(timeout);
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        if let Some(token) = &self.inner.token {
-            request = request.bearer_auth(token);
-        }
-        let response = match request.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                return Exchange::Lost {
-                    why: format!("{e:?}"),
-                    maybe_sent: !e.is_connect(),
-                }
-            }
+        let request = Outgoing {
+            method,
+            url: format!("{base}{path}"),
+            body,
+            token: self.inner.token.as_deref(),
+            timeout,
         };
-        let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let served_by = response
-            .headers()
-            .get(crate::owners::SERVED_BY)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        match response.bytes().await {
-            Ok(body) => Exchange::Answer {
-                status,
-                retry_after,
-                body: body.to_vec(),
-                served_by,
-            },
-            Err(e) => Exchange::Lost {
-                why: format!("answer cut off: {e:?}"),
-                maybe_sent: true,
-            },
-        }
+        self.inner.transport.send(request).await
     }
 
     pub(crate) fn classify<T: serde::de::DeserializeOwned>(

@@ -14,6 +14,7 @@ use crate::fallback::LocalHold;
 use crate::scheduler::Permit;
 use crate::types::{
     OperationId, Receipt, ReservationId, ReservationState, ReserveRequest, RouteInfo, Settlement,
+    Usage,
 };
 use crate::usage::UsageMeter;
 
@@ -130,7 +131,7 @@ impl Reservation {
             Hold::Ledger(receipt) => {
                 if let Err(e) = self.client.start(&receipt.id, &operation_id).await {
                     // The start may have happened (answer lost): clean up either way.
-                    abandon(&self.client, receipt.id.clone());
+                    abandon(&self.client, receipt.id.clone(), Some(operation_id));
                     return Err(e);
                 }
                 receipt.reserved_units
@@ -164,7 +165,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         match self.hold.take() {
-            Some(Hold::Ledger(r)) => abandon(&self.client, r.id),
+            Some(Hold::Ledger(r)) => abandon(&self.client, r.id, None),
             Some(Hold::Local { hold, .. }) => hold.release(),
             None => {}
         }
@@ -173,18 +174,31 @@ impl Drop for Reservation {
 
 /// Releases a reservation nobody will use. If a start whose answer was lost
 /// did happen (release finds it STARTED), no provider call was made on it, so
-/// it settles at 0.
-fn abandon(client: &Client, id: ReservationId) {
+/// it settles at 0: 0 units, and a usage of no input and no output, which a
+/// route limiting tokens beside requests needs to settle at all (without
+/// it the ledger refuses the settle, the call waits for its execution limit
+/// and its whole hold is retired as usage unknown; the simulator's client
+/// gateway found this). Named by the start's operation id, if there was one,
+/// so it also settles a call the sweeper already marked USAGE_UNKNOWN.
+fn abandon(client: &Client, id: ReservationId, operation_id: Option<OperationId>) {
     let c = client.clone();
     client.inner.background.spawn("release", async move {
         match c.release(&id).await {
             Ok(_) => Ok(()),
             Err(e) if e.code() == Some("wrong_state") => match c.get(&id).await? {
-                Some(r) if r.state == ReservationState::Started => {
+                Some(r)
+                    if r.state == ReservationState::Started
+                        || (r.state == ReservationState::UsageUnknown
+                            && operation_id.is_some()) =>
+                {
                     let zero = Settlement {
                         actual_units: 0,
-                        operation_id: None,
-                        usage: None,
+                        operation_id,
+                        usage: Some(Usage {
+                            output_tokens: Some(0),
+                            reported_input_tokens: Some(0),
+                            ..Usage::default()
+                        }),
                     };
                     c.settle(&id, &zero).await.map(|_| ())
                 }

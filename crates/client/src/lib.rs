@@ -25,6 +25,11 @@
 //!   unreachable; without one the client fails closed.
 //! - [`shards::ShardBook`]: the emergency-shard fallback: signed shards bound
 //!   to this process, local books checked after every operation, reconcile.
+//! - [`transport`]: the two seams a gateway or a test may replace: what
+//!   carries a request ([`transport::Transport`], reqwest by default) and
+//!   the retry loop's clock and sleeps ([`transport::Timer`], tokio's). The
+//!   simulator (`crates/sim`) runs the client over the server's router on a
+//!   simulated clock through them.
 //! - [`metrics`]: what is exported through the `metrics` facade.
 //! - [`owners`]: in cluster mode, with [`ClientBuilder::cluster_nodes`],
 //!   requests go straight to the node that owns their partition once a
@@ -41,6 +46,7 @@ pub mod owners;
 mod retry;
 mod scheduler;
 pub mod shards;
+pub mod transport;
 mod types;
 mod usage;
 

@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::transport::Timer;
 
 /// How long and how often the client retries one step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +93,7 @@ pub(crate) enum Attempt<T> {
 /// left, to bound its own timeout.
 pub(crate) async fn run<T, F, Fut>(
     policy: &RetryPolicy,
+    timer: &dyn Timer,
     step: &'static str,
     mut attempt: F,
     on_deadline: impl FnOnce(String) -> crate::Error,
@@ -101,11 +102,11 @@ where
     F: FnMut(Duration) -> Fut,
     Fut: Future<Output = Attempt<T>>,
 {
-    let deadline = Instant::now() + policy.deadline;
+    let deadline = timer.now() + policy.deadline;
     let mut backoff = Backoff::new(policy.clone());
     let mut last = String::from("no attempt finished");
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.saturating_sub(timer.now());
         if left.is_zero() {
             return Err(on_deadline(last));
         }
@@ -117,12 +118,12 @@ where
                 tracing::debug!(step, %why, "retrying with the same id");
                 last = why;
                 let wait = after.unwrap_or_default().max(backoff.next_delay());
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = deadline.saturating_sub(timer.now());
                 if wait >= left {
-                    tokio::time::sleep(left).await;
+                    timer.sleep(left).await;
                     return Err(on_deadline(last));
                 }
-                tokio::time::sleep(wait).await;
+                timer.sleep(wait).await;
             }
         }
     }
@@ -197,6 +198,7 @@ mod tests {
         let mut attempts = 0u32;
         let out: Result<(), _> = run(
             &policy,
+            &crate::transport::TokioTimer::default(),
             "test",
             |_| {
                 attempts += 1;
@@ -223,6 +225,7 @@ mod tests {
         let mut attempts = 0u32;
         let out = run(
             &policy,
+            &crate::transport::TokioTimer::default(),
             "test",
             |_| {
                 attempts += 1;
@@ -250,6 +253,7 @@ mod tests {
         };
         let out: Result<(), _> = run(
             &short,
+            &crate::transport::TokioTimer::default(),
             "test",
             |_| async {
                 Attempt::Again {

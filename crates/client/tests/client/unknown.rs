@@ -218,3 +218,59 @@ impl LocalHold for CountingHold {
         self.released.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+/// A call whose start was lost on the way back is given back in the
+/// background; the start did happen, so the client settles it at 0. On a
+/// route that limits tokens beside requests that settle must carry a usage
+/// (no input, no output): without one the ledger refuses it, and the call
+/// would wait for its execution limit and lose its whole hold as usage
+/// unknown, for a provider call never made (found by the simulator).
+#[tokio::test]
+async fn a_started_call_given_back_settles_at_zero_in_every_dimension() {
+    let ledger = Ledger::start().await;
+    let mut three = policy("u9", "chat", 1_000);
+    three["capacity_unit"] = json!("requests");
+    three["max_reservation_units"] = json!(1);
+    three["dimensions"] = json!(["input_tokens", "output_tokens"]
+        .iter()
+        .map(|d| json!({
+            "dimension": d, "refill": {"units": 1, "interval_ms": 3_600_000},
+            "burst_units": 10_000, "opening_units": 10_000,
+            "max_reservation_units": 10_000, "max_overdraft_units": 10_000
+        }))
+        .collect::<Vec<_>>());
+    ledger.publish(three, None).await;
+    let proxy = FaultProxy::start(ledger.addr()).await;
+    let client = Client::builder(&proxy.base())
+        .retry(quick_retry(Duration::from_millis(800)))
+        .build();
+    let reservation = client
+        .reserve(ReserveRequest::tokens("u9", "chat", 300, Some(200)))
+        .await
+        .unwrap();
+    let id = reservation.id().clone();
+    let start = format!("POST /v1/reservations/{id}/start");
+    proxy.drop_answers(&start, usize::MAX);
+    let Err(e) = reservation.start().await else {
+        panic!("the start's answers were all lost")
+    };
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+    assert!(proxy.dropped(&start) >= 1, "the start reached the ledger");
+    proxy.clear();
+    client.flush().await;
+    assert_eq!(client.background_failures(), 0, "the give-back succeeded");
+
+    let r = client.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.actual_units),
+        (ReservationState::Settled, Some(0))
+    );
+    let p = ledger.partition("u9", "chat").await;
+    for d in std::iter::once(&p).chain(p["dimensions"].as_array().unwrap()) {
+        assert_eq!(
+            (d["reserved_units"].as_u64(), d["spent_units"].as_u64()),
+            (Some(0), Some(0)),
+            "nothing held or spent: {d}"
+        );
+    }
+}
