@@ -39,6 +39,20 @@
 //!   `Dimension::used_units`, failed 91 of seeds 1–100 this way
 //!   (`unexpected_answer`) and none of them without cancelled streams; the
 //!   plant `input-uncounted` is the same fault on the gateway's side.
+//! - A client gateway ([`run`]'s `client_gateway`, on unless
+//!   `--no-client-gateway`): a fourth gateway whose calls are the client
+//!   crate's own request loop (`reservoir_client::Client`: reserve with its
+//!   retries under one deadline, RESERVATION_UNKNOWN resolved by asking
+//!   again, start, a lease fed Anthropic events that finishes or is dropped
+//!   mid-stream and settles in the background, a failed start given back in
+//!   the background), over HTTP answered by the server's own router
+//!   (`reservoir_server::api::router`, in process: extractors, handlers,
+//!   status codes, problem+json). The client's transport and timer
+//!   (`reservoir_client::transport`) are the simulator's: its requests wait
+//!   on the simulated wire for a wave, are refused while the gateway is cut
+//!   off, and their answers are lost or delivered with the round's odds;
+//!   its backoffs and deadlines pass in simulated time. Its jitter and
+//!   operation ids come from `fastrand`, seeded per run.
 //! - An operator publishing new generations and rolling back, with
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
@@ -99,6 +113,16 @@
 //! is an unsigned, checked integer, so only a broken core could reach them;
 //! they are backstops.
 //!
+//! While the client gateway was being added (its count of background steps
+//! the client gave up on, not a gate): a call whose start was answered too
+//! late (the client gave up and gave it back in the background) and had
+//! in fact started was settled by the client at 0 units *without usage*;
+//! on `chat`, which limits tokens beside requests, the ledger refuses such
+//! a settle (`usage_missing`), so the call waited for its execution limit
+//! and its whole hold was retired as usage unknown, for a provider call
+//! never made. Fixed in the client (the settle carries a usage of no input
+//! and no output, and the start's operation id), with a test of its own.
+//!
 //! Not a bug, but a contract a client must know: a refusal is not a
 //! receipt (it makes no record), so a second copy of a refused reserve (an
 //! impatient duplicate, a late packet) can be admitted after it. A client
@@ -106,12 +130,13 @@
 //! holds a reservation it does not know of until its lease expires.
 //!
 //! ## What is not simulated yet
-//! HTTP between gateway and ledger (bodies go through the server's
-//! translations, not a socket); the real client crate's request loop
-//! (`crates/client`: its retry loop, the lease's background settle of a
-//! dropped stream, the fair scheduler) — the gateways' calls here are the
-//! simulator's own; the shard book, the SSE scanner, the usage meter and
-//! the settlement a lease sends are the client's; shards that carve a route's token dimensions (a shard of
+//! A socket between gateway and ledger (the client gateway's HTTP is the
+//! server's router called in process; the other gateways' bodies go through
+//! the server's translations); the client crate's fair start scheduler and
+//! its owner routing in cluster mode; the client gateway's fallback to
+//! emergency shards (the other gateways hold shards in the client's
+//! `ShardBook`, but their calls are the simulator's own state machine);
+//! shards that carve a route's token dimensions (a shard of
 //! `chat` carves requests only: a cut-off gateway's tokens are not bounded
 //! by it, and not recorded on reconcile); several nodes and Kafka
 //! ownership (beyond the one zombie above); the projector and replay; a gate for "UNKNOWN never counted as unused" beyond core's
@@ -148,12 +173,14 @@
 //! The code under test is tokio code in one process, talking over channels,
 //! a trait (`EventLog`) and a clock we inject. A simulation crate that runs
 //! tokio code on simulated hosts and a simulated network (turmoil, madsim)
-//! would buy the network (not simulated yet) at the price of its own runtime
-//! or a patched tokio for the whole workspace, and hide the one thing we must
+//! would buy a simulated socket at the price of its own runtime or a
+//! patched tokio for the whole workspace, and hide the one thing we must
 //! control: when each batch is decided, appended and answered. Rounds and
-//! waves over the real pipeline, with faults at our own trait boundary, keep
-//! that explicit in about 3,000 lines; revisit when the HTTP path and
-//! several nodes join (turmoil then fits best).
+//! waves over the real pipeline, with faults at our own trait boundaries
+//! (the log's `EventLog`, the client's `Transport` and `Timer`), keep that
+//! explicit; the client gateway's HTTP goes through the server's router as
+//! a tower service, which is the HTTP a socket would deliver, minus the
+//! socket. Revisit when several nodes join (turmoil then fits best).
 //!
 //! ## Planted bugs
 //! [`Plant`] switches on a known bug, to show the checker fails; the test

@@ -57,6 +57,11 @@ struct Cli {
     /// simulated (not for the release gate's chunks).
     #[arg(long, conflicts_with = "save")]
     no_stream_cancel: bool,
+    /// No client gateway (the client crate's request loop over the
+    /// server's router): the interleavings seeds ran before it was
+    /// simulated (not for the release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    no_client_gateway: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
         zombies: !cli.no_zombies,
         chat_shards: !cli.no_chat_shards,
         stream_cancel: !cli.no_stream_cancel,
+        client_gateway: !cli.no_client_gateway,
     };
     if !cli.merge.is_empty() {
         return merge(&cli.merge);

@@ -30,6 +30,7 @@ use crate::rng::Rng;
 use crate::workload::{self, Route, ROUTES, TENANTS};
 
 mod checking;
+mod client_gateway;
 mod faults;
 mod gateway;
 mod operator;
@@ -37,7 +38,8 @@ mod shard_answers;
 mod shards;
 mod stream;
 
-use gateway::{Call, Phase, RetiredSeen};
+use client_gateway::ClientSide;
+use gateway::{Call, Phase, RetiredSeen, Told};
 use operator::Line;
 use shards::{Gateway, LocalCall, ShardPhase, SimShard};
 
@@ -113,6 +115,11 @@ pub struct RunConfig {
     /// default. Off, a seed runs the interleaving it ran before
     /// (`--no-stream-cancel`).
     pub stream_cancel: bool,
+    /// A fourth gateway whose calls are the client crate's own request
+    /// loop over the server's HTTP router (`run`'s `client_gateway`), on by
+    /// default. Off, a seed runs the interleaving it ran before
+    /// (`--no-client-gateway`).
+    pub client_gateway: bool,
 }
 
 impl RunConfig {
@@ -124,6 +131,7 @@ impl RunConfig {
             zombies: true,
             chat_shards: true,
             stream_cancel: true,
+            client_gateway: true,
         }
     }
 
@@ -141,6 +149,9 @@ impl RunConfig {
         }
         if !self.stream_cancel {
             flags.push_str(" --no-stream-cancel");
+        }
+        if !self.client_gateway {
+            flags.push_str(" --no-client-gateway");
         }
         flags
     }
@@ -214,6 +225,8 @@ pub fn run(seed: u64, config: &RunConfig) -> RunOutcome {
 }
 
 async fn run_async(seed: u64, config: &RunConfig) -> RunOutcome {
+    // The client crate's jitter and fresh operation ids (the client gateway's).
+    fastrand::seed(seed);
     let mut world = match World::new(seed, config).await {
         Ok(w) => w,
         Err(err) => {
@@ -251,6 +264,7 @@ async fn run_async(seed: u64, config: &RunConfig) -> RunOutcome {
             ));
         }
     }
+    world.client_close().await;
     world.finish(round)
 }
 
@@ -291,6 +305,8 @@ struct World {
     zombies: bool,
     chat_shards: bool,
     stream_cancel: bool,
+    /// The client gateway (`None` with `--no-client-gateway`).
+    client: Option<ClientSide>,
     /// A snapshot being taken this round: its cut, and each shard's part.
     taking: Option<(reservoir_server::snapshot::Cut, Vec<Option<SnapshotPart>>)>,
     /// Copies of call requests the network holds: (round due, call, phase).
@@ -357,6 +373,9 @@ impl World {
             .map(|g| Gateway::new(g, 1, &public_key, &clock))
             .collect();
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
+        let client = config
+            .client_gateway
+            .then(|| ClientSide::new(&node.clock, node.writers.clone()));
         let lines = TENANTS
             .iter()
             .enumerate()
@@ -384,6 +403,7 @@ impl World {
             zombies: config.zombies,
             chat_shards: config.chat_shards,
             stream_cancel: config.stream_cancel,
+            client,
             taking: None,
             delayed: Vec::new(),
             round: 0,
@@ -487,6 +507,7 @@ impl World {
             _ => self.rng.range(50, 2_000),
         };
         self.node.clock.advance(dt);
+        self.client_round(quiet);
         let due = match quiet || self.rng.chance(400) {
             true => {
                 let refill = quiet || self.rng.chance(500);
@@ -515,12 +536,14 @@ impl World {
             self.node.log.hold(true);
         }
         let mut sent = Vec::new();
+        let mut http = Vec::new();
         let waves = if quiet { 1 } else { self.rng.range(1, 3) };
         for wave in 0..waves {
             let requests = self.wave(wave, &due);
             for (origin, shard, request) in requests {
                 sent.push(self.dispatch(origin, shard, request));
             }
+            http.extend(self.client_wave(wave).await);
             for _ in 0..YIELDS_PER_WAVE {
                 tokio::task::yield_now().await;
             }
@@ -539,6 +562,7 @@ impl World {
             let lost = fault.drop_per_mille > 0 && self.rng.chance(fault.drop_per_mille);
             self.deliver(origin, reply, lost);
         }
+        self.client_deliver(http, fault.drop_per_mille).await;
         self.node.log.inner.fail_next_appends(0);
         self.finish_snapshot();
         panics.extend(self.age_zombie().await);

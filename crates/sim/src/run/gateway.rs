@@ -167,6 +167,13 @@ impl World {
     }
 
     pub(super) fn new_call(&mut self, g: usize) -> usize {
+        let c = self.push_call(g);
+        self.open_calls[g] += 1;
+        c
+    }
+
+    /// A new call of gateway `g` (its tenant, route and sizes drawn now), in the model.
+    pub(super) fn push_call(&mut self, g: usize) -> usize {
         let c = self.calls.len();
         let tenant = self.rng.index(TENANTS.len());
         let route = ROUTES[self.rng.index(ROUTES.len())];
@@ -210,7 +217,6 @@ impl World {
             refused: false,
             verified: false,
         });
-        self.open_calls[g] += 1;
         self.demand[tenant] += 1;
         self.count("calls");
         c
@@ -667,8 +673,9 @@ impl World {
     }
 
     /// What a settle with `(actual_units, usage)` spends in each dimension
-    /// of the call's route, primary first: requests 1 (given, as the
-    /// client's settlement gives it, or derived), input as reported
+    /// of the call's route, primary first: requests as given (1 in the
+    /// client's settlement, 0 when the client gives back a started call
+    /// it never made), else 1 derived; input as reported
     /// (the gateway's count if the provider reported none), output as
     /// reported (`chat`); the units given (`embed`).
     fn expected_usage(
@@ -678,8 +685,8 @@ impl World {
     ) -> Vec<u64> {
         match (self.calls[c].route, actual_units, usage) {
             (Route::Embed, Some(units), _) => vec![*units],
-            (Route::Chat, None | Some(1), Some(u)) => vec![
-                1,
+            (Route::Chat, actual, Some(u)) => vec![
+                actual.unwrap_or(1),
                 u.reported_input_tokens
                     .or(u.counted_input_tokens)
                     .unwrap_or(0),
