@@ -349,6 +349,16 @@ impl ShardBook {
         state.shards.get(shard_id).map(|e| e.books)
     }
 
+    /// The shard that holds the open local call `reservation_id`, if any.
+    pub fn holder_of(&self, reservation_id: &str) -> Option<String> {
+        let state = self.state.lock().expect("shard book lock");
+        state
+            .shards
+            .iter()
+            .find(|(_, e)| e.open.contains_key(reservation_id))
+            .map(|(id, _)| id.clone())
+    }
+
     /// The terminal receipts a reconcile of `shard_id` would send.
     pub fn receipts(&self, shard_id: &str) -> Vec<LocalReceipt> {
         let state = self.state.lock().expect("shard book lock");
@@ -460,10 +470,17 @@ impl ShardBook {
     /// else the route's default). A token-sized request with no bound on its
     /// output is not admitted offline. With no route known, a sized request
     /// is held in tokens, as its settle will count it.
+    /// The units a call holds of a shard: what it asks, or one request on a
+    /// route counted in requests. A call sized by tokens needs the route's
+    /// settings: a shard's document does not name its unit, and sizing a
+    /// call of a route that counts requests in tokens would take a
+    /// thousand requests for one call (and settle it in tokens), so without
+    /// them (a gateway that never read the route) it is refused.
     fn units_of(request: &ReserveRequest, route: Option<&RouteInfo>) -> Option<u64> {
         let requests = route.is_some_and(|r| r.capacity_unit == crate::CapacityUnit::Requests);
         match request.sizing {
             Sizing::Units(units) => Some(units),
+            Sizing::Tokens { .. } if route.is_none() => None,
             Sizing::Tokens { .. } if requests => Some(1),
             Sizing::Tokens {
                 counted_input_tokens,
@@ -616,6 +633,40 @@ mod tests {
         let sig = key.sign(d.canonical().as_bytes());
         d.signature = format!("ed25519:{}", hex::encode(sig.to_bytes()));
         d
+    }
+
+    /// A call sized by tokens takes one unit of a route counted in
+    /// requests, its tokens of one counted in tokens, and nothing when the
+    /// route's settings were never read (the shard does not say its unit).
+    #[test]
+    fn a_call_sized_by_tokens_needs_the_routes_unit() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let book = ShardBook::new("gw", 1, &hex::encode(key.verifying_key().to_bytes()))
+            .unwrap()
+            .with_clock(Arc::new(|| 1_500));
+        book.install(signed(&key, 5_000)).unwrap();
+        let request = ReserveRequest::tokens("t", "r", 300, Some(200));
+        let route = |capacity_unit| RouteInfo {
+            subject: "t".into(),
+            route: "r".into(),
+            policy_generation: 1,
+            default_max_tokens: None,
+            priority: 0,
+            capacity_unit,
+        };
+        let id = |s: &str| ReservationId::new(s).unwrap();
+        assert!(book.reserve(&id("a"), &request, None).is_none());
+        let requests = route(crate::CapacityUnit::Requests);
+        let b = book.reserve(&id("b"), &request, Some(&requests)).unwrap();
+        assert_eq!(b.units(), 1);
+        assert_eq!(book.holder_of("b").as_deref(), Some("sh-1"));
+        let tokens = route(crate::CapacityUnit::Tokens);
+        let c = book.reserve(&id("c"), &request, Some(&tokens)).unwrap();
+        assert_eq!(c.units(), 500);
+        assert_eq!(book.books("sh-1").unwrap().local_reserved_units, 501);
+        b.release();
+        assert_eq!(book.holder_of("b"), None);
+        c.release();
     }
 
     /// Use above a hold is reported in full (the ledger records it as debt)
