@@ -52,7 +52,10 @@
 //!   on the simulated wire for a wave, are refused while the gateway is cut
 //!   off, and their answers are lost or delivered with the round's odds;
 //!   its backoffs and deadlines pass in simulated time. Its jitter and
-//!   operation ids come from `fastrand`, seeded per run.
+//!   operation ids come from `fastrand`, seeded per run. It holds
+//!   emergency shards like the other gateways, in the `ShardBook` that is
+//!   its client's fallback: cut off, the client admits from them itself,
+//!   and a call admitted from a shard must never be debited by the ledger.
 //! - An operator publishing new generations and rolling back, with
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
@@ -133,10 +136,8 @@
 //! A socket between gateway and ledger (the client gateway's HTTP is the
 //! server's router called in process; the other gateways' bodies go through
 //! the server's translations); the client crate's fair start scheduler and
-//! its owner routing in cluster mode; the client gateway's fallback to
-//! emergency shards (the other gateways hold shards in the client's
-//! `ShardBook`, but their calls are the simulator's own state machine);
-//! shards that carve a route's token dimensions (a shard of
+//! its owner routing in cluster mode; a restart of the client gateway (the
+//! other gateways restart, with new boot epochs); shards that carve a route's token dimensions (a shard of
 //! `chat` carves requests only: a cut-off gateway's tokens are not bounded
 //! by it, and not recorded on reconcile); several nodes and Kafka
 //! ownership (beyond the one zombie above); the projector and replay; a gate for "UNKNOWN never counted as unused" beyond core's
@@ -209,6 +210,11 @@
 //!   comes back under its old boot epoch and installs its shards again
 //!   without their receipts, so a shard is spent twice (or reconciled with
 //!   the second process's receipts only).
+//! - `fallback-after-send`: what the client gateway's transport *tells the
+//!   client*: a reserve whose answer was lost is reported as never sent
+//!   (a connection error after the bytes went out), so a client cut off
+//!   before it hears again admits the call from a shard while the ledger
+//!   holds it too.
 //! - `input-uncounted`: what the gateway *sends*: a settle's usage loses
 //!   the gateway's counted input when the provider reported none (a body
 //!   translation that drops a field), which only a stream cancelled before

@@ -68,16 +68,22 @@ pub enum Plant {
     /// that drops a field): a stream cancelled before the provider reported
     /// its input settles with no input at all (needs cancelled streams).
     InputUncounted,
+    /// The client gateway's transport reports a reserve whose answer was
+    /// lost as never sent (a connection error after the bytes went out),
+    /// so the client, cut off before it hears again, admits the call from
+    /// a shard while the ledger holds it too (needs the client gateway).
+    FallbackAfterSend,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 6] = [
+    pub const ALL: [Plant; 7] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
         Plant::IndexForgets,
         Plant::ShardAfterRestart,
         Plant::InputUncounted,
+        Plant::FallbackAfterSend,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +94,7 @@ impl Plant {
             Plant::IndexForgets => "index-forgets",
             Plant::ShardAfterRestart => "shard-after-restart",
             Plant::InputUncounted => "input-uncounted",
+            Plant::FallbackAfterSend => "fallback-after-send",
         }
     }
 
@@ -369,13 +376,13 @@ impl World {
         let clock = reservoir_server::clock::ManualClock::new(workload::START_MS);
         let signer = shards::signer();
         let public_key = signer.public_key_hex();
-        let gateways = (0..GATEWAYS)
+        let gateways: Vec<Gateway> = (0..GATEWAYS + usize::from(config.client_gateway))
             .map(|g| Gateway::new(g, 1, &public_key, &clock))
             .collect();
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
         let client = config
             .client_gateway
-            .then(|| ClientSide::new(&node.clock, node.writers.clone()));
+            .then(|| ClientSide::new(&node.clock, node.writers.clone(), &gateways));
         let lines = TENANTS
             .iter()
             .enumerate()

@@ -62,8 +62,13 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         Plant::LostWrite => &[Gate::LogDisagrees, Gate::ModelDisagrees],
         // A retry decided anew in the active generation: admitted (a
         // second debit), or refused while the log holds the first debit
-        // (the gateway told "refused" for an id the ledger debited).
-        Plant::IndexForgets => &[Gate::SecondDebit, Gate::ModelDisagrees],
+        // (the gateway told "refused" for an id the ledger debited); or a
+        // later step of the call refused as an unknown reservation.
+        Plant::IndexForgets => &[
+            Gate::SecondDebit,
+            Gate::ModelDisagrees,
+            Gate::UnexpectedAnswer,
+        ],
         // Spent past its allocation by the two processes' books, or
         // reconciled with the second book's receipts only (the ledger
         // records less use than the calls made, and remints it).
@@ -76,6 +81,8 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         // nothing to charge the input dimension); the gateway meant to send
         // its count, and no correct ledger refuses that.
         Plant::InputUncounted => &[Gate::UnexpectedAnswer, Gate::ModelDisagrees],
+        // A call admitted from a shard and debited by the ledger.
+        Plant::FallbackAfterSend => &[Gate::ModelDisagrees],
     }
 }
 

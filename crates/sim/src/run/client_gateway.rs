@@ -18,24 +18,33 @@
 //! client's jitter and fresh operation ids come from `fastrand`'s generator
 //! of the run's thread, seeded from the seed at the start of the run.
 //!
+//! The gateway holds emergency shards like the others (the last of
+//! `World::gateways`): its `ShardBook` is the client's fallback, so while it
+//! is cut off, a reserve that no attempt can have delivered (every
+//! connection refused until the step's 3 s deadline) is admitted from a
+//! shard by the client itself, and its lease settles into the book. The
+//! model holds that such a call is never debited by the ledger too (the
+//! plant `fallback-after-send` breaks it). A partition sometimes begins
+//! mid-request: the answer is lost and the gateway is cut off from then on.
+//!
 //! Every draw of the world's generator (which calls, their sizes, what they
 //! use, which answers are lost) happens in the world, in order; a call's
 //! task only follows its plan. What the task learns is reported back and
 //! kept in the reference model (the call's `told`), which the checker holds
 //! against the ledger after every round, as for the other gateways.
+//!
+//! - [`wire`]: the transport and timer, and the router's side of the wire.
+//! - [`task`]: one call as its own task, and what it reports.
+//! - [`reports`]: the reports taken into the model and the shards' tally.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-use std::task::{Poll, Waker};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::http::{Method, StatusCode};
-use reservoir_client::transport::{BoxFuture, Exchange, Outgoing, Timer, Transport};
-use reservoir_client::{Client, Error as ClientError, Receipt, ReserveRequest, Settlement};
+use axum::http::StatusCode;
+use reservoir_client::transport::Exchange;
+use reservoir_client::{Client, ReserveRequest};
 use reservoir_server::clock::{Clock, ManualClock};
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
-use tower::ServiceExt;
 
 use super::*;
 
@@ -46,162 +55,12 @@ const BASE: &str = "http://ledger";
 /// Yields for the client's tasks to run to their next request or wait.
 const CLIENT_YIELDS: usize = 8;
 
-/// One request of the client, as the wire carries it.
-#[derive(Clone)]
-struct HttpRequest {
-    method: Method,
-    path: String,
-    body: Option<Vec<u8>>,
-    /// The call it names (by its reservation id), if any.
-    call: Option<usize>,
-}
+mod reports;
+mod task;
+mod wire;
 
-/// A request the client put on the wire, waiting for a wave.
-struct Sent {
-    request: HttpRequest,
-    reply: oneshot::Sender<Exchange>,
-}
-
-/// A request on its way through the router; `reply` is `None` for a copy
-/// the network delivers late (its answer goes nowhere).
-pub(super) struct InFlight {
-    request: HttpRequest,
-    reply: Option<oneshot::Sender<Exchange>>,
-    answer: tokio::task::JoinHandle<Exchange>,
-}
-
-/// What the client's transport and timer share with the world.
-#[derive(Default)]
-struct Wire {
-    sent: VecDeque<Sent>,
-    /// Deadlines of sleeping tasks: (simulated ms, order of sleeping, waker).
-    sleepers: Vec<(u64, u64, Waker)>,
-    slept: u64,
-}
-
-#[derive(Clone)]
-struct Shared {
-    wire: Arc<Mutex<Wire>>,
-    clock: ManualClock,
-    /// Set when the run ends: every wait ends at once and every deadline has passed.
-    closed: Arc<AtomicBool>,
-}
-
-impl Shared {
-    fn wire(&self) -> std::sync::MutexGuard<'_, Wire> {
-        self.wire.lock().expect("the wire's lock")
-    }
-}
-
-impl Transport for Shared {
-    fn send<'a>(&'a self, out: Outgoing<'a>) -> BoxFuture<'a, Exchange> {
-        let path = out.url.strip_prefix(BASE).unwrap_or(&out.url).to_string();
-        let body = out
-            .body
-            .map(|b| serde_json::to_vec(b).expect("a JSON value serializes"));
-        let call = call_named(&path, body.as_deref());
-        let (reply, answer) = oneshot::channel();
-        if !self.closed.load(Ordering::SeqCst) {
-            self.wire().sent.push_back(Sent {
-                request: HttpRequest {
-                    method: out.method,
-                    path,
-                    body,
-                    call,
-                },
-                reply,
-            });
-        }
-        Box::pin(async move {
-            answer.await.unwrap_or_else(|_| Exchange::Lost {
-                why: "no answer".into(),
-                maybe_sent: true,
-            })
-        })
-    }
-}
-
-impl Timer for Shared {
-    fn now(&self) -> Duration {
-        if self.closed.load(Ordering::SeqCst) {
-            // Every deadline has passed: a retry loop still running ends.
-            return Duration::from_secs(u64::MAX / 4);
-        }
-        Duration::from_millis(self.clock.now_ms())
-    }
-
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        let wait = u64::try_from(duration.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-        let at = self.clock.now_ms().saturating_add(wait);
-        let shared = self.clone();
-        Box::pin(std::future::poll_fn(move |cx| {
-            if shared.closed.load(Ordering::SeqCst) || shared.clock.now_ms() >= at {
-                return Poll::Ready(());
-            }
-            let mut wire = shared.wire();
-            wire.slept += 1;
-            let order = wire.slept;
-            wire.sleepers.push((at, order, cx.waker().clone()));
-            Poll::Pending
-        }))
-    }
-}
-
-/// The call a request names: the simulator's ids are `g<gateway>-c<call>`.
-fn call_named(path: &str, body: Option<&[u8]>) -> Option<usize> {
-    let prefix = format!("g{CLIENT_GATEWAY}-c");
-    let from = |text: &str| -> Option<usize> {
-        let at = text.find(&prefix)? + prefix.len();
-        let digits: String = text[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().ok()
-    };
-    from(path).or_else(|| body.and_then(|b| from(&String::from_utf8_lossy(b))))
-}
-
-/// What a call's task learnt, reported to the world in order.
-enum Report {
-    /// A receipt the client returned (reserve, resolve, release, settle).
-    Told(Receipt),
-    Started,
-    /// The step's outcome is unknown to the gateway (a reserve without an
-    /// answer, a settle that may have happened).
-    Unknown(&'static str),
-    /// The caller hung up mid-stream: the lease is dropped and settles what
-    /// it counted in the background.
-    Dropped,
-    Resolved,
-    Refused,
-    /// It gives the reservation back (planned, or after resolving it late).
-    Releasing,
-    /// The start failed: the client releases it in the background (or
-    /// settles it at 0, if the start did happen).
-    StartFailed(String),
-    /// What the settle sends (the lease's count, or the caller's amount).
-    Settling(Settlement),
-    Failed(&'static str, ClientError),
-    Ended,
-}
-
-type Reports = Arc<Mutex<Vec<(usize, Report)>>>;
-
-/// How a call of the client gateway ends, drawn when it is made.
-#[derive(Clone, Debug)]
-enum Plan {
-    Release,
-    /// Settle `embed` with this many units.
-    Units(u64),
-    /// A `chat` stream: the events the provider sends, how many arrive
-    /// before a cut (`None`: all, and the lease finishes), and whether the
-    /// provider refused the call with an error status before streaming.
-    Stream {
-        events: Vec<Value>,
-        cut: Option<usize>,
-        refused: bool,
-    },
-}
+use task::{CallTask, Plan, PlanName, Report, Reports};
+use wire::{route, HttpRequest, InFlight, Sent, Shared};
 
 /// The client gateway's side of the world.
 pub(super) struct ClientSide {
@@ -210,9 +69,10 @@ pub(super) struct ClientSide {
     state: reservoir_server::app::AppState,
     router: axum::Router,
     reports: Reports,
+    /// The gateway's shard book (`World::gateways`' last), the client's fallback.
+    book: Arc<reservoir_client::ShardBook>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     open: usize,
-    cut_off: u32,
     /// When the first answer was lost since a call's last one, by call.
     lost_since: HashMap<usize, u64>,
     /// Copies of requests the network delivers late: (round due, request).
@@ -220,7 +80,11 @@ pub(super) struct ClientSide {
 }
 
 impl ClientSide {
-    pub(super) fn new(clock: &ManualClock, writers: reservoir_server::writer::Writers) -> Self {
+    pub(super) fn new(
+        clock: &ManualClock,
+        writers: reservoir_server::writer::Writers,
+        gateways: &[super::shards::Gateway],
+    ) -> Self {
         let shared = Shared {
             wire: Arc::default(),
             clock: clock.clone(),
@@ -234,9 +98,19 @@ impl ClientSide {
             64 * 1024,
             reservoir_server::auth::Auth::disabled(),
         );
+        let book = gateways[CLIENT_GATEWAY].book.clone();
+        // A gateway that falls back to its shards soon: a step gives up
+        // after 3 s of simulated time (a cut-off lasts 2-8 rounds, each
+        // 0.05-2 s mostly), the rest of the client's defaults.
+        let retry = reservoir_client::RetryPolicy {
+            deadline: Duration::from_secs(3),
+            ..reservoir_client::RetryPolicy::default()
+        };
         let client = Client::builder(BASE)
+            .retry(retry)
             .transport(Arc::new(shared.clone()))
             .timer(Arc::new(shared.clone()))
+            .fallback(book.clone())
             .build();
         ClientSide {
             client,
@@ -244,9 +118,9 @@ impl ClientSide {
             state,
             router,
             reports: Arc::default(),
+            book,
             tasks: Vec::new(),
             open: 0,
-            cut_off: 0,
             lost_since: HashMap::new(),
             delayed: Vec::new(),
         }
@@ -274,18 +148,18 @@ impl World {
         for (_, _, waker) in due {
             waker.wake();
         }
-        let cut_off = side.cut_off;
-        if cut_off > 0 && (quiet || cut_off == 1) {
-            side.cut_off = 0;
-            self.note("  client gateway reconnected".into());
-        } else if cut_off > 0 {
-            side.cut_off -= 1;
-        } else if !quiet && self.rng.chance(25) {
+        // Its shards: asked for more often than the other gateways' (its
+        // local calls need one of the right tenant and route).
+        if !quiet && self.rng.chance(150) {
+            self.ask_for_shard(CLIENT_GATEWAY);
+        }
+        // A cut-off ends with the other gateways' (`shard_round`).
+        if !quiet && self.gateways[CLIENT_GATEWAY].cut_off == 0 && self.rng.chance(25) {
             let rounds = self.rng.range(2, 8) as u32;
-            if let Some(side) = self.client.as_mut() {
-                side.cut_off = rounds;
-            }
-            self.note(format!("  client gateway cut off for {rounds} rounds"));
+            self.gateways[CLIENT_GATEWAY].cut_off = rounds;
+            self.note(format!(
+                "  gw-{CLIENT_GATEWAY} (client) cut off from the ledger for {rounds} rounds"
+            ));
             self.count("client gateway cut off");
         }
     }
@@ -311,7 +185,7 @@ impl World {
         };
         side.state.set_ready(self.node.writers.clone());
         let sent: Vec<Sent> = side.shared.wire().sent.drain(..).collect();
-        let cut_off = side.cut_off > 0;
+        let cut_off = self.gateways[CLIENT_GATEWAY].cut_off > 0;
         let mut flying = Vec::new();
         let mut copies = Vec::new();
         for Sent { request, reply } in sent {
@@ -418,7 +292,25 @@ impl World {
             }
             if lost {
                 self.note(format!("  http {what} -> LOST"));
-                drop(reply);
+                let reserve = path == "/v1/reservations";
+                if self.plant == Some(Plant::FallbackAfterSend) && reserve {
+                    let _ = reply.send(Exchange::Lost {
+                        why: "connection reset (planted: said never sent)".into(),
+                        maybe_sent: false,
+                    });
+                } else {
+                    drop(reply);
+                }
+                // Now and then the answer was lost because a partition
+                // began: the gateway is cut off from now on.
+                if self.gateways[CLIENT_GATEWAY].cut_off == 0 && self.rng.chance(200) {
+                    let rounds = self.rng.range(2, 8) as u32;
+                    self.gateways[CLIENT_GATEWAY].cut_off = rounds;
+                    self.note(format!(
+                        "  gw-{CLIENT_GATEWAY} (client) cut off mid-request for {rounds} rounds"
+                    ));
+                    self.count("client gateway cut off mid-request");
+                }
             } else {
                 self.note(format!("  http {what} -> {outcome}"));
                 let _ = reply.send(answer);
@@ -488,143 +380,24 @@ impl World {
         self.count("client calls");
         let side = self.client.as_mut().expect("the client side");
         side.open += 1;
-        let (client, reports, closed) = (
+        let (client, book, reports, closed) = (
             side.client.clone(),
+            side.book.clone(),
             side.reports.clone(),
             side.shared.closed.clone(),
         );
         let task = tokio::spawn(async move {
-            client_call(&client, c, id, request, plan, &reports, &closed).await;
+            let task = CallTask {
+                client: &client,
+                book: &book,
+                reports: &reports,
+                closed: &closed,
+                c,
+            };
+            task.run(id, request, plan).await;
             reports.lock().expect("reports").push((c, Report::Ended));
         });
         side.tasks.push(task);
-    }
-
-    /// What the client's tasks reported, into the model, in order.
-    fn client_reports(&mut self) {
-        let Some(side) = self.client.as_mut() else {
-            return;
-        };
-        let reports = std::mem::take(&mut *side.reports.lock().expect("reports"));
-        let now = self.now();
-        for (c, report) in reports {
-            let id = self.calls[c].id.clone();
-            match report {
-                Report::Told(receipt) => {
-                    let state = serde_json::from_value(json!(receipt.state))
-                        .expect("the client's states are the ledger's");
-                    let key = PartitionKey {
-                        subject: receipt.subject,
-                        route: receipt.route,
-                        accounting_epoch: receipt.accounting_epoch,
-                        policy_generation: receipt.policy_generation,
-                    };
-                    let call = &mut self.calls[c];
-                    if call.told.is_none() && receipt.held_units > 0 {
-                        self.admitted[call.tenant] += 1;
-                    }
-                    self.note(format!("  {id} client told {state:?}"));
-                    let call = &mut self.calls[c];
-                    call.key = Some(key.clone());
-                    call.told = Some(Told {
-                        key,
-                        state,
-                        reserved_units: receipt.reserved_units,
-                        actual_units: receipt.actual_units,
-                    });
-                }
-                Report::Started => {
-                    if let Some(told) = self.calls[c].told.as_mut() {
-                        told.state = ReservationState::Started;
-                    }
-                    self.note(format!("  {id} client started"));
-                }
-                Report::Dropped => {
-                    self.count("client lease dropped mid-stream (settled in the background)");
-                    self.note(format!("  {id} client: stream cut, lease dropped"));
-                }
-                Report::Unknown(step) => {
-                    let since = self
-                        .client
-                        .as_ref()
-                        .and_then(|s| s.lost_since.get(&c).copied())
-                        .unwrap_or(now);
-                    if self.calls[c].unknown_since.is_none() {
-                        self.calls[c].unknown_since = Some(since);
-                        self.count("unknown");
-                        self.count(match step {
-                            "reserve" => "client reserve unknown (resolved by asking again)",
-                            _ => "client settle unknown (sent again with the same amount)",
-                        });
-                    }
-                    self.note(format!("  {id} client: {step} outcome unknown"));
-                }
-                Report::Resolved => {
-                    if let Some(since) = self.calls[c].unknown_since.take() {
-                        self.unknown_resolved_ms.push(now - since);
-                    }
-                    self.note(format!("  {id} client: resolved"));
-                }
-                Report::Refused => {
-                    self.calls[c].refused = true;
-                    self.count("reserve refused");
-                    self.note(format!("  {id} client: refused"));
-                }
-                Report::Releasing => {
-                    self.calls[c].release = true;
-                    self.note(format!("  {id} client releases"));
-                }
-                Report::StartFailed(why) => {
-                    // The client gives it back in the background: a
-                    // release, or a settle at 0 (no input, no output) if
-                    // the start did happen.
-                    self.calls[c].release = true;
-                    self.calls[c].settle = Some(settle_sent(&Settlement {
-                        actual_units: 0,
-                        operation_id: None,
-                        usage: Some(reservoir_client::Usage {
-                            output_tokens: Some(0),
-                            reported_input_tokens: Some(0),
-                            ..Default::default()
-                        }),
-                    }));
-                    self.count("client start failed");
-                    self.note(format!("  {id} client: start failed ({why})"));
-                }
-                Report::Settling(settlement) => {
-                    self.calls[c].settle = Some(settle_sent(&settlement));
-                    self.note(format!("  {id} client settles {}", settlement.actual_units));
-                }
-                Report::Failed(step, error) => {
-                    match &error {
-                        ClientError::Protocol(_) | ClientError::InvalidInput(_) => {
-                            self.findings.push(finding(
-                                Gate::UnexpectedAnswer,
-                                format!("{id} client {step}: {error}"),
-                            ));
-                        }
-                        ClientError::Rejected { status: 500.., .. } => {
-                            self.findings.push(finding(
-                                Gate::WriterBroke,
-                                format!("{id} client {step}: {error}"),
-                            ));
-                        }
-                        ClientError::Unavailable(_) => {
-                            self.count("client step failed: unavailable")
-                        }
-                        _ => self.count("client step failed: rejected"),
-                    }
-                    let code = error.code().unwrap_or("unavailable");
-                    self.note(format!("  {id} client {step} failed: {code}"));
-                }
-                Report::Ended => {
-                    if let Some(side) = self.client.as_mut() {
-                        side.open -= 1;
-                    }
-                    self.calls[c].phase = Phase::Done;
-                }
-            }
-        }
     }
 
     /// The end of the run: every wait of the client ends and its tasks stop
@@ -653,201 +426,6 @@ impl World {
         }
         for _ in 0..CLIENT_YIELDS {
             tokio::task::yield_now().await;
-        }
-    }
-}
-
-/// Hands one request to the router, as its own task.
-fn route(router: &axum::Router, request: &HttpRequest) -> tokio::task::JoinHandle<Exchange> {
-    let request = axum::http::Request::builder()
-        .method(request.method.clone())
-        .uri(&request.path)
-        .header("content-type", "application/json")
-        .body(axum::body::Body::from(
-            request.body.clone().unwrap_or_default(),
-        ))
-        .expect("a request the client sent is a valid HTTP request");
-    let router = router.clone();
-    tokio::spawn(async move {
-        let response = match router.oneshot(request).await {
-            Ok(r) => r,
-            Err(never) => match never {},
-        };
-        let (parts, body) = response.into_parts();
-        let header = |name: &str| {
-            parts
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        };
-        let retry_after = header("retry-after")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let served_by = header(reservoir_client::owners::SERVED_BY);
-        let status = parts.status;
-        match axum::body::to_bytes(body, usize::MAX).await {
-            Ok(body) => Exchange::Answer {
-                status,
-                retry_after,
-                body: body.to_vec(),
-                served_by,
-            },
-            Err(e) => Exchange::Lost {
-                why: format!("answer cut off: {e}"),
-                maybe_sent: true,
-            },
-        }
-    })
-}
-
-/// One call of the client gateway, as a gateway writes it with the client:
-/// reserve (resolving an UNKNOWN by asking again, and then giving the
-/// reservation back: its caller stopped waiting), start, stream, settle (a
-/// settle whose outcome is unknown repeated with the same amount), or drop
-/// the lease mid-stream.
-async fn client_call(
-    client: &Client,
-    c: usize,
-    id: reservoir_client::ReservationId,
-    request: ReserveRequest,
-    plan: Plan,
-    reports: &Reports,
-    closed: &AtomicBool,
-) {
-    let say = |report: Report| reports.lock().expect("reports").push((c, report));
-    let reservation = match client.reserve_as(id.clone(), request.clone()).await {
-        Ok(r) => r,
-        Err(ClientError::ReservationUnknown { .. }) => {
-            say(Report::Unknown("reserve"));
-            let receipt = loop {
-                match client.resolve(&id, &request).await {
-                    Ok(r) => break r,
-                    Err(ClientError::ReservationUnknown { .. } | ClientError::Unavailable(_))
-                        if !closed.load(Ordering::SeqCst) => {}
-                    Err(ClientError::Refused { .. }) => {
-                        say(Report::Resolved);
-                        say(Report::Refused);
-                        return;
-                    }
-                    Err(e) => return say(Report::Failed("resolve", e)),
-                }
-            };
-            say(Report::Resolved);
-            let reserved = receipt.state == reservoir_client::ReservationState::Reserved;
-            say(Report::Told(receipt));
-            if reserved {
-                say(Report::Releasing);
-                match client.release(&id).await {
-                    Ok(r) => say(Report::Told(r)),
-                    Err(e) => say(Report::Failed("release", e)),
-                }
-            }
-            return;
-        }
-        Err(ClientError::Refused { .. }) => return say(Report::Refused),
-        Err(e) => return say(Report::Failed("reserve", e)),
-    };
-    if let Some(receipt) = reservation.receipt() {
-        say(Report::Told(receipt.clone()));
-    }
-    let (events, cut, refused, units) = match plan {
-        Plan::Release => {
-            say(Report::Releasing);
-            match reservation.release().await {
-                Ok(Some(r)) => say(Report::Told(r)),
-                Ok(None) => {}
-                Err(e) => say(Report::Failed("release", e)),
-            }
-            return;
-        }
-        Plan::Units(units) => (Vec::new(), None, false, Some(units)),
-        Plan::Stream {
-            events,
-            cut,
-            refused,
-        } => (events, cut, refused, None),
-    };
-    let mut lease = match reservation.start().await {
-        Ok(lease) => lease,
-        Err(e) => {
-            return say(Report::StartFailed(
-                e.code().unwrap_or("unavailable").into(),
-            ))
-        }
-    };
-    say(Report::Started);
-    for event in &events[..cut.unwrap_or(events.len())] {
-        lease.meter().observe_anthropic(event);
-    }
-    if refused {
-        lease.meter().provider_refused();
-    }
-    let settlement = match units {
-        Some(units) => Settlement {
-            actual_units: units,
-            operation_id: Some(lease.operation_id().clone()),
-            usage: None,
-        },
-        None => lease.settlement(),
-    };
-    say(Report::Settling(settlement.clone()));
-    if cut.is_some() {
-        // The caller hung up: the lease settles what it counted, in the background.
-        say(Report::Dropped);
-        drop(lease);
-        return;
-    }
-    let mut outcome = lease
-        .finish_with(settlement.clone())
-        .await
-        .map(|s| s.receipt);
-    let mut unknown = false;
-    loop {
-        match outcome {
-            Ok(receipt) => {
-                if unknown {
-                    say(Report::Resolved);
-                }
-                if let Some(r) = receipt {
-                    say(Report::Told(r));
-                }
-                return;
-            }
-            Err(ClientError::Unavailable(_)) if !closed.load(Ordering::SeqCst) => {
-                if !unknown {
-                    unknown = true;
-                    say(Report::Unknown("settle"));
-                }
-                outcome = client.settle(&id, &settlement).await.map(Some);
-            }
-            Err(e) => return say(Report::Failed("settle", e)),
-        }
-    }
-}
-
-/// What a settle sends, as the server's own settle body reads it.
-pub(super) fn settle_sent(settlement: &Settlement) -> (Option<u64>, Option<Usage>) {
-    let body: reservoir_server::bodies::SettleBody =
-        serde_json::from_value(serde_json::to_value(settlement).expect("a settlement serializes"))
-            .expect("the server reads the client's settle body");
-    (body.actual_units, body.usage.map(Usage::from))
-}
-
-/// A plan in the trace: what it will do, not its events.
-struct PlanName<'a>(&'a Plan);
-
-impl std::fmt::Debug for PlanName<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Plan::Release => write!(f, "release"),
-            Plan::Units(units) => write!(f, "settle {units}"),
-            Plan::Stream { cut: None, .. } => write!(f, "stream to its end"),
-            Plan::Stream {
-                cut: Some(n),
-                refused,
-                ..
-            } => write!(f, "stream cut after {n} events (refused: {refused})"),
         }
     }
 }

@@ -90,6 +90,9 @@ pub(super) struct Call {
     pub(super) reserve_duplicated: bool,
     pub(super) told: Option<Told>,
     pub(super) refused: bool,
+    /// Admitted from an emergency shard by the client gateway's fallback:
+    /// (the shard, the units it holds).
+    pub(super) local: Option<(usize, u64)>,
     /// The ledger was seen holding this call's record finished, as the model
     /// expects: a finished record never changes, so it is checked again only
     /// after the node was rebuilt from the log.
@@ -215,6 +218,7 @@ impl World {
             reserve_duplicated: false,
             told: None,
             refused: false,
+            local: None,
             verified: false,
         });
         self.demand[tenant] += 1;
@@ -603,6 +607,14 @@ impl World {
                 }
                 continue;
             };
+            // The client falls back to a shard only when no attempt can
+            // have reached the ledger: a call admitted from both counts twice.
+            if let Some((s, _)) = call.local {
+                out.push(wrong(format!(
+                    "admitted from shard {}, and debited by the ledger in {key}",
+                    self.shards[s].id
+                )));
+            }
             // A duplicate admitted after its copy's refusal, its answer lost,
             // holds its lease until it expires: a leak the gateway cannot
             // see, bounded by the lease.

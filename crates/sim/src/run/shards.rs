@@ -51,7 +51,8 @@ pub(super) fn signer() -> Arc<ShardSigner> {
 /// One gateway process's side of the shards.
 pub(super) struct Gateway {
     pub(super) boot_epoch: u64,
-    pub(super) book: ShardBook,
+    /// Shared with the client gateway's `Client`, whose fallback it is.
+    pub(super) book: Arc<ShardBook>,
     /// Rounds left cut off from the ledger (0: reachable).
     pub(super) cut_off: u32,
     local_calls: u64,
@@ -69,7 +70,7 @@ impl Gateway {
             .with_clock(now);
         Gateway {
             boot_epoch,
-            book,
+            book: Arc::new(book),
             cut_off: 0,
             local_calls: 0,
         }
@@ -120,7 +121,7 @@ pub(super) struct SimShard {
 
 impl SimShard {
     /// Units the shard's calls consumed or hold: never above its allocation.
-    fn consumed(&self) -> u64 {
+    pub(super) fn consumed(&self) -> u64 {
         self.spent + self.unknown + self.open
     }
 }
@@ -140,7 +141,9 @@ impl World {
     /// new shards are asked for. In the quiet drain every gateway is
     /// reachable, every local call ends and every held shard is reconciled.
     pub(super) fn shard_round(&mut self, quiet: bool) {
-        for g in 0..GATEWAYS {
+        // The client gateway's cut-offs are drawn in `client_round`, and
+        // end here with the others'.
+        for g in 0..self.gateways.len() {
             let gateway = &mut self.gateways[g];
             if gateway.cut_off > 0 && (quiet || gateway.cut_off == 1) {
                 gateway.cut_off = 0;
@@ -188,7 +191,7 @@ impl World {
             if shard.phase != ShardPhase::Held || !reachable {
                 continue;
             }
-            let open = self.local_calls.iter().any(|c| c.shard == s);
+            let open = shard.open > 0 || self.local_calls.iter().any(|c| c.shard == s);
             let due = quiet || shard.admitted_offline || self.rng.chance(15);
             if !open && due {
                 self.begin_reconcile(s);
@@ -196,40 +199,46 @@ impl World {
         }
         if !quiet && self.rng.chance(60) {
             let g = self.rng.index(GATEWAYS);
-            let live = self
-                .shards
-                .iter()
-                .filter(|s| s.gateway == g && s.boot_epoch == self.gateways[g].boot_epoch)
-                .filter(|s| !matches!(s.phase, ShardPhase::Reconciled | ShardPhase::Abandoned))
-                .count();
-            if self.gateways[g].cut_off == 0 && live < SHARDS_PER_GATEWAY {
-                let boot_epoch = self.gateways[g].boot_epoch;
-                let id = format!("gw-{g}-b{boot_epoch}-s{}", self.shards.len());
-                let tenant = self.rng.index(TENANTS.len());
-                let route = self.shard_route();
-                let units = match route {
-                    Route::Embed => self.rng.range(500, 3_000),
-                    // Requests: a few calls' worth.
-                    Route::Chat => self.rng.range(1, 4),
-                };
-                self.shards.push(SimShard {
-                    id,
-                    gateway: g,
-                    boot_epoch,
-                    tenant,
-                    route,
-                    units,
-                    ttl_ms: self.rng.range(30_000, 600_000),
-                    phase: ShardPhase::Asking,
-                    document: None,
-                    body: None,
-                    used: 0,
-                    spent: 0,
-                    unknown: 0,
-                    open: 0,
-                    admitted_offline: false,
-                });
-            }
+            self.ask_for_shard(g);
+        }
+    }
+
+    /// Gateway `g` asks the ledger for a shard (of a random tenant and
+    /// route), if it is reachable and holds fewer than it keeps.
+    pub(super) fn ask_for_shard(&mut self, g: usize) {
+        let live = self
+            .shards
+            .iter()
+            .filter(|s| s.gateway == g && s.boot_epoch == self.gateways[g].boot_epoch)
+            .filter(|s| !matches!(s.phase, ShardPhase::Reconciled | ShardPhase::Abandoned))
+            .count();
+        if self.gateways[g].cut_off == 0 && live < SHARDS_PER_GATEWAY {
+            let boot_epoch = self.gateways[g].boot_epoch;
+            let id = format!("gw-{g}-b{boot_epoch}-s{}", self.shards.len());
+            let tenant = self.rng.index(TENANTS.len());
+            let route = self.shard_route();
+            let units = match route {
+                Route::Embed => self.rng.range(500, 3_000),
+                // Requests: a few calls' worth.
+                Route::Chat => self.rng.range(1, 4),
+            };
+            self.shards.push(SimShard {
+                id,
+                gateway: g,
+                boot_epoch,
+                tenant,
+                route,
+                units,
+                ttl_ms: self.rng.range(30_000, 600_000),
+                phase: ShardPhase::Asking,
+                document: None,
+                body: None,
+                used: 0,
+                spent: 0,
+                unknown: 0,
+                open: 0,
+                admitted_offline: false,
+            });
         }
     }
 
