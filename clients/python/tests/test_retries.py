@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import socket
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from conftest import assert_conserved, publish
 from fault import AsyncLoseAnswers, LoseAnswers, on
 from reservoir_client import (
     AsyncReservoir,
+    guarded_stream,
     LedgerUnreachable,
     OutcomeUnknown,
     ReservationUnknown,
@@ -224,3 +226,48 @@ def test_problem_bodies_are_parsed_tolerantly() -> None:
     assert (bare.retry_after, bare.limiting_dimension) == (2.0, None)
     proxy = problem_from_response(502, {}, b"<html>bad gateway</html>")
     assert proxy.status == 502 and proxy.retryable and "bad gateway" in proxy.detail
+
+
+async def test_a_guard_whose_start_answers_are_lost_gives_the_call_back_at_zero(base: str, subject: str, route: str) -> None:
+    """The start happened, its answers never came back: the guard raises and
+    makes no provider call, and the reservation is settled at 0 in every
+    dimension (a route limiting tokens beside requests needs the zero usage),
+    not left STARTED to lose its whole hold at the execution limit."""
+    publish(base, subject, route, burst=BURST, three_dimensions=True)
+    async with AsyncReservoir(base) as clean:
+        r = await clean.reserve(subject, route, counted_input_tokens=300, max_tokens=200)
+    fault = AsyncLoseAnswers(on("POST", "/start"), lose=10)
+    opened: list[bool] = []
+
+    async def provider_stream() -> Any:
+        opened.append(True)
+        yield {"type": "message_stop"}
+
+    async with AsyncReservoir(base, transport=fault, retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)) as rsv:
+        guard = guarded_stream(rsv, r, provider_stream(), counted_input_tokens=300)
+        with pytest.raises(OutcomeUnknown):
+            async with guard:
+                pass
+    assert fault.budget.sent >= 1 and not opened, "the start reached the ledger; the provider was never called"
+    assert guard.settled is not None
+    assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", 0)
+    p = assert_conserved(base, subject)
+    for d in [p, *p["dimensions"]]:
+        assert (d["reserved_units"], d["spent_units"]) == (0, 0), d
+
+
+def test_the_sync_guard_gives_the_call_back_the_same_way(base: str, subject: str, route: str) -> None:
+    publish(base, subject, route, burst=BURST, three_dimensions=True)
+    with Reservoir(base) as clean:
+        r = clean.reserve(subject, route, counted_input_tokens=300, max_tokens=200)
+    fault = LoseAnswers(on("POST", "/start"), lose=10)
+    with Reservoir(base, transport=fault, retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)) as rsv:
+        guard = guarded_stream(rsv, r, iter([{"type": "message_stop"}]), counted_input_tokens=300)
+        with pytest.raises(OutcomeUnknown):
+            with guard:
+                pass
+    assert guard.settled is not None
+    assert (guard.settled.state, guard.settled.actual_units) == ("SETTLED", 0)
+    p = assert_conserved(base, subject)
+    for d in [p, *p["dimensions"]]:
+        assert (d["reserved_units"], d["spent_units"]) == (0, 0), d

@@ -21,6 +21,11 @@ the route's estimates and drift. Tokens that streamed are never refunded. The
 settle runs shielded from cancellation (anyio), so a cancelled gateway task
 still settles, within the client's retry deadline.
 
+If the start fails (no answer before the deadline, a refusal, a
+cancellation), no provider call is made: the guard gives the reservation
+back — released, or, when the start did happen and only its answers were
+lost, settled at 0 with a usage of no input and no output — and re-raises.
+
 The guard accepts what the official SDKs hand out: a stream manager (entered
 here, e.g. ``messages.stream(...)``, ``chat.completions.stream(...)``) or an
 already open stream (``messages.create(stream=True)``,
@@ -46,13 +51,22 @@ from typing import (
 import anyio
 
 from .client import AsyncReservoir, Reservoir
-from .errors import ReservoirError
+from .errors import ReservoirError, WrongState
 from .meter import StreamMeter, default_estimate_tokens
-from .types import Receipt
+from .types import Receipt, Usage
 
 __all__ = ["AsyncGuardedStream", "GuardedStream", "guarded_stream"]
 
 log = logging.getLogger("reservoir_client")
+
+#: What a call given back before its provider call used: a usage of no input
+#: and no output, which a route limiting tokens beside requests needs to
+#: settle at all (without one the ledger refuses the settle with
+#: ``usage_missing``).
+_NOTHING_USED = Usage(output_tokens=0, reported_input_tokens=0)
+
+#: States in which a started call whose provider call never ran is settled at 0.
+_STARTED = ("STARTED", "USAGE_UNKNOWN")
 
 E = TypeVar("E")
 
@@ -154,7 +168,11 @@ class AsyncGuardedStream(_Guard, Generic[E]):
 
     async def __aenter__(self) -> AsyncGuardedStream[E]:
         if self._must_start():
-            self.reservation = await self._reservoir.start(self.reservation_id, self.operation_id)
+            try:
+                self.reservation = await self._reservoir.start(self.reservation_id, self.operation_id)
+            except BaseException:
+                await self._give_back()
+                raise
         try:
             if hasattr(self._source, "__aenter__") and not hasattr(self._source, "__anext__"):
                 self._manager = self._source
@@ -202,6 +220,24 @@ class AsyncGuardedStream(_Guard, Generic[E]):
         except Exception as close_error:  # the settle below matters more
             log.warning("reservoir: closing the provider stream failed: %r", close_error)
 
+    async def _give_back(self) -> None:
+        """The start failed (no answer, a refusal, a cancellation): no
+        provider call will run on this reservation. Release it, or, if the
+        start happened after all (its answers were lost), settle it at 0."""
+        self._done = True
+        with anyio.CancelScope(shield=True):
+            try:
+                try:
+                    await self._reservoir.release(self.reservation_id)
+                except WrongState:
+                    receipt = await self._reservoir.get_reservation(self.reservation_id)
+                    if receipt.state in _STARTED:
+                        self.settled = await self._reservoir.settle(
+                            self.reservation_id, 0, operation_id=self.operation_id, usage=_NOTHING_USED
+                        )
+            except ReservoirError as error:
+                log.warning("reservoir: giving back %s after its start failed: %r", self.reservation_id, error)
+
     async def _finish(self, exc: BaseException | None) -> None:
         if self._done:
             return
@@ -244,7 +280,11 @@ class GuardedStream(_Guard, Generic[E]):
 
     def __enter__(self) -> GuardedStream[E]:
         if self._must_start():
-            self.reservation = self._reservoir.start(self.reservation_id, self.operation_id)
+            try:
+                self.reservation = self._reservoir.start(self.reservation_id, self.operation_id)
+            except BaseException:
+                self._give_back()
+                raise
         try:
             if hasattr(self._source, "__enter__") and not hasattr(self._source, "__next__"):
                 self._manager = self._source
@@ -289,6 +329,21 @@ class GuardedStream(_Guard, Generic[E]):
                 self._stream.close()
         except Exception as close_error:
             log.warning("reservoir: closing the provider stream failed: %r", close_error)
+
+    def _give_back(self) -> None:
+        """See :meth:`AsyncGuardedStream._give_back`."""
+        self._done = True
+        try:
+            try:
+                self._reservoir.release(self.reservation_id)
+            except WrongState:
+                receipt = self._reservoir.get_reservation(self.reservation_id)
+                if receipt.state in _STARTED:
+                    self.settled = self._reservoir.settle(
+                        self.reservation_id, 0, operation_id=self.operation_id, usage=_NOTHING_USED
+                    )
+        except ReservoirError as error:
+            log.warning("reservoir: giving back %s after its start failed: %r", self.reservation_id, error)
 
     def _finish(self, exc: BaseException | None) -> None:
         if self._done:
