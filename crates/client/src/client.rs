@@ -168,16 +168,7 @@ impl Client {
             Err(Error::Unavailable(why)) => return self.fall_back(id, request, None, why),
             Err(e) => return Err(e),
         };
-        let outcome = self.reserve_receipt(&id, &request).await;
-        if let Some(fallback) = &self.inner.fallback {
-            if matches!(
-                outcome,
-                Ok(_) | Err(Error::Refused { .. } | Error::Rejected { .. })
-            ) {
-                fallback.ledger_answered();
-            }
-        }
-        match outcome {
+        match self.reserve_receipt(&id, &request).await {
             Ok(receipt) => {
                 let route = if receipt.policy_generation != route.policy_generation {
                     // A newer generation took over: its priority and unit, if readable now.
@@ -276,6 +267,16 @@ impl Client {
             Error::Unavailable,
         )
         .await;
+        if let Some(fallback) = &self.inner.fallback {
+            // The ledger decided (admitted, refused or rejected) this reserve,
+            // or a resolve of it: reachable, whatever came before.
+            if matches!(
+                result,
+                Ok(_) | Err(Error::Refused { .. } | Error::Rejected { .. })
+            ) {
+                fallback.ledger_answered();
+            }
+        }
         match result {
             Err(Error::Unavailable(last)) if maybe_reached.into_inner() => {
                 metrics::counter!("reservoir_client_reservation_unknown_total").increment(1);

@@ -28,9 +28,10 @@ pub trait Fallback: Send + Sync + 'static {
         route: Option<&RouteInfo>,
     ) -> Option<Box<dyn LocalHold>>;
 
-    /// The ledger answered a reserve (admitted, refused or rejected it): it
-    /// is reachable again, so a count of consecutive unreachable reserves
-    /// starts over. Not called for RESERVATION_UNKNOWN, which is no answer.
+    /// The ledger decided a reserve, or a resolve of one (admitted, refused
+    /// or rejected it): it is reachable again, so a count of consecutive
+    /// unreachable reserves starts over. Not called for RESERVATION_UNKNOWN
+    /// or a 503, which decide nothing.
     fn ledger_answered(&self) {}
 }
 

@@ -105,11 +105,15 @@ async fn reservation_unknown_until_asked_again_with_the_same_id() {
         proxy.forwarded(RESERVE) >= 2,
         "retried under the same id before the deadline"
     );
-    // Never handed to the fallback: the ledger may hold it.
+    // Never handed to the fallback: the ledger may hold it. No answer
+    // either: the fallback's count of failures goes on.
     assert_eq!(fallback.reserved.load(Ordering::SeqCst), 0);
+    assert_eq!(fallback.answered.load(Ordering::SeqCst), 0);
 
     proxy.clear();
     let resolved = client.resolve(&id, &request).await.unwrap();
+    // The ledger answered the resolve: reachable again.
+    assert_eq!(fallback.answered.load(Ordering::SeqCst), 1);
     assert_eq!(resolved, client.get(&id).await.unwrap().unwrap());
     assert_eq!(
         (resolved.state, resolved.held_units),
@@ -173,6 +177,8 @@ async fn an_unreachable_ledger_asks_the_fallback_and_the_lease_settles_locally()
 #[derive(Default)]
 struct CountingFallback {
     reserved: AtomicU64,
+    /// Reserves (or resolves) the ledger decided: `Fallback::ledger_answered`.
+    answered: AtomicU64,
     settled_units: Arc<AtomicU64>,
     released: Arc<AtomicU64>,
 }
@@ -197,6 +203,10 @@ impl Fallback for CountingFallback {
             settled: self.settled_units.clone(),
             released: self.released.clone(),
         }))
+    }
+
+    fn ledger_answered(&self) {
+        self.answered.fetch_add(1, Ordering::SeqCst);
     }
 }
 
