@@ -20,6 +20,7 @@ from conftest import Server, assert_conserved, publish
 from reservoir_client import (
     AsyncReservoir,
     LedgerUnreachable,
+    ReservationUnknown,
     Reservoir,
     RetryPolicy,
     ShardBook,
@@ -238,3 +239,35 @@ def test_a_local_settle_counts_input_as_the_ledger_does(ledger: Server) -> None:
     assert book.books(doc.shard_id) == ShardBooks(
         allocated_units=3_000, local_available_units=3_000 - 340, local_spent_units=340
     )
+
+
+def test_a_503_decides_nothing_so_the_count_of_failures_goes_on(ledger: Server) -> None:
+    """With ``min_failures=2`` the second reserve that cannot reach the ledger
+    is admitted from the shard, even when the ledger answered 503 to one in
+    between: a 503 decides nothing (the reserve is unknown), so it does not
+    start the count again; only a decision does, as in the Rust client. The
+    outages are scripted by an httpx transport (connection refused, 503)."""
+    subject, route = unique("t"), unique("embed")
+    publish(ledger.base, subject, route, burst=10_000, emergency=True)
+    book = ShardBook("gw-py-1", 1, public_key(ledger.base), min_failures=2)
+    with Reservoir(ledger.base, fallback=book) as rsv:
+        doc = rsv.issue_shard(subject, route, 1_000, ttl_ms=60_000)
+    mode = ["down"]
+
+    def outage(request: httpx.Request) -> httpx.Response:
+        if mode[0] == "503":
+            body = {"type": "about:blank", "code": "log_unavailable", "detail": "log unavailable", "status": 503}
+            return httpx.Response(503, json=body, headers={"content-type": "application/problem+json"})
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with Reservoir(ledger.base, fallback=book, retry=QUICK, transport=httpx.MockTransport(outage)) as cut_off:
+        with pytest.raises(LedgerUnreachable):
+            cut_off.reserve(subject, route, units=10)  # the first failure: not yet
+        mode[0] = "503"
+        with pytest.raises(ReservationUnknown):
+            cut_off.reserve(subject, route, units=10)  # may have landed: never local
+        mode[0] = "down"
+        local = cut_off.reserve(subject, route, units=10)  # the second failure
+    assert local.extra.get("local_shard_id") == doc.shard_id, local
+    books = book.books(doc.shard_id)
+    assert books is not None and books.local_reserved_units == 10

@@ -37,7 +37,7 @@ import httpx
 from .errors import LedgerUnreachable, ProblemError, ReservationUnknown, problem_from_response
 from .max_tokens import with_default_max_tokens
 from .owners import SERVED_BY, Owners
-from .retry import Attempts, RetryPolicy
+from .retry import RETRYABLE_STATUSES, Attempts, RetryPolicy
 from .shards import ReconcileOutcome, ShardBook, ShardDocument
 from .types import PartitionView, Receipt, Usage
 
@@ -194,10 +194,12 @@ class _Protocol:
         return owner, request.path if owner is None else owner + request.path
 
     def learn(self, request: _Request, asked: str | None, response: httpx.Response | None) -> None:
-        """What an exchange at ``asked`` teaches: a reserve the ledger answered
-        (anything) starts the shard book's count of consecutive failures
-        again; the owner maps learn the owner (see :mod:`.owners`)."""
-        if self.fallback is not None and response is not None and request.route is not None:
+        """What an exchange at ``asked`` teaches: a reserve the ledger decided
+        (anything but 502/503/504, which decide nothing) starts the shard
+        book's count of consecutive failures again; the owner maps learn the
+        owner (see :mod:`.owners`)."""
+        decided = response is not None and response.status_code not in RETRYABLE_STATUSES
+        if self.fallback is not None and decided and request.route is not None:
             self.fallback.note_ledger_reachable()
         if self.owners is None:
             return

@@ -8,7 +8,8 @@ deadline. Delays are exponential with full jitter, never past the deadline.
 
 Whether a failed attempt *may have been applied* is tracked: a refused
 connection never reached the server, a read error after the request was sent
-may have. Once any attempt may have been applied, running out of time ends in
+may have, and so may a write answered 503 (a writer that appended and was
+then fenced answers 503). Once any attempt may have been applied, running out of time ends in
 :class:`~reservoir_client.errors.OutcomeUnknown` (``ReservationUnknown`` for a
 reserve) rather than in a plain transport error.
 """
@@ -120,6 +121,10 @@ class Attempts:
         """A definite answer; the delay before retrying it, or None to stop."""
         self.tries += 1
         self.last = problem
+        if problem.status == 503 and self.method == "POST":
+            # A writer that appended and was then fenced answers 503: the
+            # step may have happened (as the Rust client reads it).
+            self.maybe_applied = True
         if problem.status in RETRYABLE_STATUSES:
             return self._backoff(problem.retry_after)
         if problem.status == 429 and self.policy.retry_refusals and problem.retry_after is not None:
