@@ -56,6 +56,11 @@
 //!   emergency shards like the other gateways, in the `ShardBook` that is
 //!   its client's fallback: cut off, the client admits from them itself,
 //!   and a call admitted from a shard must never be debited by the ledger.
+//!   Its process restarts now and then, as in a crash: its tasks stop where
+//!   they are, nothing more leaves it (a background step fails at once),
+//!   copies the network holds still land; its calls are orphaned for the
+//!   ledger's sweeper to end, and a new process (new boot epoch, empty
+//!   book, new client) carries on.
 //! - An operator publishing new generations and rolling back, with
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
@@ -136,8 +141,9 @@
 //! A socket between gateway and ledger (the client gateway's HTTP is the
 //! server's router called in process; the other gateways' bodies go through
 //! the server's translations); the client crate's fair start scheduler and
-//! its owner routing in cluster mode; a restart of the client gateway (the
-//! other gateways restart, with new boot epochs); shards that carve a route's token dimensions (a shard of
+//! its owner routing in cluster mode; a client gateway that keeps its
+//! unresolved calls across a restart (a restarted one orphans them);
+//! shards that carve a route's token dimensions (a shard of
 //! `chat` carves requests only: a cut-off gateway's tokens are not bounded
 //! by it, and not recorded on reconcile); several nodes and Kafka
 //! ownership (beyond the one zombie above); the projector and replay; a gate for "UNKNOWN never counted as unused" beyond core's

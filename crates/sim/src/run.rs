@@ -514,7 +514,7 @@ impl World {
             _ => self.rng.range(50, 2_000),
         };
         self.node.clock.advance(dt);
-        self.client_round(quiet);
+        self.client_round(quiet).await;
         let due = match quiet || self.rng.chance(400) {
             true => {
                 let refill = quiet || self.rng.chance(500);

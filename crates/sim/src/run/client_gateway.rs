@@ -77,6 +77,8 @@ pub(super) struct ClientSide {
     lost_since: HashMap<usize, u64>,
     /// Copies of requests the network delivers late: (round due, request).
     delayed: Vec<(usize, HttpRequest)>,
+    /// Calls holding a shard's units right now (admitted locally, not ended).
+    local_open: std::collections::BTreeSet<usize>,
 }
 
 impl ClientSide {
@@ -123,6 +125,28 @@ impl ClientSide {
             open: 0,
             lost_since: HashMap::new(),
             delayed: Vec::new(),
+            local_open: Default::default(),
+        }
+    }
+}
+
+impl ClientSide {
+    /// The process ends: every wait ends at once, every deadline has passed,
+    /// nothing more is sent, and its tasks stop (their background steps,
+    /// spawned as they drop, fail at once).
+    async fn close(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        let sleepers = std::mem::take(&mut self.shared.wire().sleepers);
+        for (_, _, waker) in sleepers {
+            waker.wake();
+        }
+        self.shared.wire().sent.clear();
+        for task in std::mem::take(&mut self.tasks) {
+            task.abort();
+            let _ = task.await;
+        }
+        for _ in 0..CLIENT_YIELDS {
+            tokio::task::yield_now().await;
         }
     }
 }
@@ -131,7 +155,10 @@ impl World {
     /// After the clock moved: the client's sleepers whose time came are
     /// woken (in the order of their deadlines), and the gateway may be cut
     /// off from the ledger, or come back.
-    pub(super) fn client_round(&mut self, quiet: bool) {
+    pub(super) async fn client_round(&mut self, quiet: bool) {
+        if !quiet && self.client.is_some() && self.rng.chance(5) {
+            self.restart_client_gateway().await;
+        }
         let now = self.node.clock.now_ms();
         let Some(side) = self.client.as_mut() else {
             return;
@@ -162,6 +189,54 @@ impl World {
             ));
             self.count("client gateway cut off");
         }
+    }
+
+    /// The client gateway's process dies and a new one starts. The old
+    /// one's tasks stop where they are and nothing more leaves it: its
+    /// transport closes (a dropped lease's or reservation's background step
+    /// fails at once, as in a crash), its unsent requests are gone; copies
+    /// the network holds still arrive, answered to nobody. Its open calls
+    /// are orphaned: nobody resolves or settles them, the ledger's sweeper
+    /// ends them (a hold expires, a started call becomes USAGE_UNKNOWN and
+    /// its hold stays retired, never unused); a call holding a shard's units
+    /// counts them as consumed. The new process has a new boot epoch, an
+    /// empty book (`restart_gateway`: the old shards are refused to it and
+    /// their reconcile under the new epoch refused by the ledger) and a new
+    /// client.
+    async fn restart_client_gateway(&mut self) {
+        self.client_reports();
+        let Some(mut old) = self.client.take() else {
+            return;
+        };
+        old.close().await;
+        for c in std::mem::take(&mut old.local_open) {
+            if let Some((s, units)) = self.calls[c].local {
+                self.shards[s].open -= units;
+                self.shards[s].unknown += units;
+            }
+        }
+        let mut orphaned = 0;
+        for call in self.calls.iter_mut() {
+            if call.gateway == CLIENT_GATEWAY && call.phase != Phase::Done {
+                call.phase = Phase::Done;
+                if call.unknown_since.take().is_some() {
+                    *self
+                        .coverage
+                        .entry("client call orphaned while unknown")
+                        .or_default() += 1;
+                }
+                orphaned += 1;
+            }
+        }
+        *self
+            .coverage
+            .entry("client call orphaned by a restart")
+            .or_default() += orphaned;
+        self.restart_gateway(CLIENT_GATEWAY);
+        self.count("client gateway restart");
+        let mut new = ClientSide::new(&self.node.clock, self.node.writers.clone(), &self.gateways);
+        new.delayed = std::mem::take(&mut old.delayed);
+        self.client = Some(new);
     }
 
     /// One wave's part of the client gateway: what its tasks reported, a new
@@ -411,21 +486,8 @@ impl World {
             .coverage
             .entry("client background steps given up (deadline)")
             .or_default() += failed;
-        let Some(side) = self.client.as_mut() else {
-            return;
-        };
-        side.shared.closed.store(true, Ordering::SeqCst);
-        let sleepers = std::mem::take(&mut side.shared.wire().sleepers);
-        for (_, _, waker) in sleepers {
-            waker.wake();
-        }
-        side.shared.wire().sent.clear();
-        for task in std::mem::take(&mut side.tasks) {
-            task.abort();
-            let _ = task.await;
-        }
-        for _ in 0..CLIENT_YIELDS {
-            tokio::task::yield_now().await;
+        if let Some(side) = self.client.as_mut() {
+            side.close().await;
         }
     }
 }

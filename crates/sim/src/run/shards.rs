@@ -257,7 +257,7 @@ impl World {
     /// must be refused to the new book and their reconcile under the new
     /// boot epoch refused by the ledger. With the plant, the new process
     /// keeps the old boot epoch and installs the old documents again.
-    fn restart_gateway(&mut self, g: usize) {
+    pub(super) fn restart_gateway(&mut self, g: usize) {
         self.count("gateway restart");
         let mut i = 0;
         while i < self.local_calls.len() {

@@ -50,6 +50,9 @@ impl World {
                         continue;
                     };
                     self.calls[c].local = Some((s, units));
+                    if let Some(side) = self.client.as_mut() {
+                        side.local_open.insert(c);
+                    }
                     self.admitted[self.calls[c].tenant] += 1;
                     let sim = &mut self.shards[s];
                     sim.open += units;
@@ -108,6 +111,9 @@ impl World {
                     self.calls[c].release = true;
                     if let Some((s, units)) = self.calls[c].local {
                         self.shards[s].open -= units;
+                        if let Some(side) = self.client.as_mut() {
+                            side.local_open.remove(&c);
+                        }
                     }
                     self.note(format!("  {id} client releases"));
                 }
@@ -131,6 +137,9 @@ impl World {
                 Report::Settling(settlement) => {
                     self.calls[c].settle = Some(settle_sent(&settlement));
                     if let Some((s, units)) = self.calls[c].local {
+                        if let Some(side) = self.client.as_mut() {
+                            side.local_open.remove(&c);
+                        }
                         let used = settlement.actual_units;
                         let shard = &mut self.shards[s];
                         shard.open -= units;
