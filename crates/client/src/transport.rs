@@ -55,6 +55,34 @@ pub enum Exchange {
     },
 }
 
+impl Exchange {
+    /// What an answer as a transport received it comes to: its status, the
+    /// headers the client reads (`Retry-After` in whole seconds,
+    /// `x-reservoir-served-by`), and its body, or why the body was cut off
+    /// (then the request may have been applied: no answer).
+    pub fn received(
+        status: StatusCode,
+        headers: &reqwest::header::HeaderMap,
+        body: Result<Vec<u8>, String>,
+    ) -> Exchange {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        match body {
+            Ok(body) => Exchange::Answer {
+                status,
+                retry_after: header(reqwest::header::RETRY_AFTER.as_str())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs),
+                body,
+                served_by: header(crate::owners::SERVED_BY).map(str::to_string),
+            },
+            Err(why) => Exchange::Lost {
+                why: format!("answer cut off: {why}"),
+                maybe_sent: true,
+            },
+        }
+    }
+}
+
 /// Carries one request to the ledger and brings back what came of it.
 pub trait Transport: Send + Sync + 'static {
     fn send<'a>(&'a self, request: Outgoing<'a>) -> BoxFuture<'a, Exchange>;
@@ -92,30 +120,9 @@ impl Transport for ReqwestTransport {
                     }
                 }
             };
-            let status = response.status();
-            let retry_after = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            let served_by = response
-                .headers()
-                .get(crate::owners::SERVED_BY)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            match response.bytes().await {
-                Ok(body) => Exchange::Answer {
-                    status,
-                    retry_after,
-                    body: body.to_vec(),
-                    served_by,
-                },
-                Err(e) => Exchange::Lost {
-                    why: format!("answer cut off: {e:?}"),
-                    maybe_sent: true,
-                },
-            }
+            let (status, headers) = (response.status(), response.headers().clone());
+            let body = response.bytes().await.map(|b| b.to_vec());
+            Exchange::received(status, &headers, body.map_err(|e| format!("{e:?}")))
         })
     }
 }

@@ -426,9 +426,7 @@ impl World {
                     max_tokens,
                 },
             ) => {
-                let max = max_tokens.unwrap_or(crate::node::DEFAULT_OUTPUT_TOKENS);
-                let output = self.rng.range(0, max * 5 / 2);
-                let reported = counted_input_tokens + self.rng.range(0, 200);
+                let (output, reported) = self.draw_use(counted_input_tokens, max_tokens);
                 let deltas = self.rng.range(1, 4);
                 let mut events = vec![json!({"type": "message_start", "message": {
                     "model": "sim-model",

@@ -288,6 +288,19 @@ impl World {
         }
     }
 
+    /// What a `chat` call sized `(counted_input_tokens, max_tokens)` used:
+    /// (output tokens, up to 2.5 times its limit; the input the provider
+    /// reports, up to 200 above the gateway's count).
+    pub(super) fn draw_use(
+        &mut self,
+        counted_input_tokens: u64,
+        max_tokens: Option<u64>,
+    ) -> (u64, u64) {
+        let max = max_tokens.unwrap_or(crate::node::DEFAULT_OUTPUT_TOKENS);
+        let output = self.rng.range(0, max * 5 / 2);
+        (output, counted_input_tokens + self.rng.range(0, 200))
+    }
+
     /// What the call really used: below or above what it reserved.
     pub(super) fn usage_for(&mut self, c: usize) -> (Option<u64>, Option<Usage>) {
         let (route, amount) = (self.calls[c].route, self.calls[c].amount);
@@ -299,9 +312,7 @@ impl World {
                     max_tokens,
                 },
             ) => {
-                let max = max_tokens.unwrap_or(crate::node::DEFAULT_OUTPUT_TOKENS);
-                let output = self.rng.range(0, max * 5 / 2);
-                let reported = counted_input_tokens + self.rng.range(0, 200);
+                let (output, reported) = self.draw_use(counted_input_tokens, max_tokens);
                 if self.stream_cancel && self.rng.chance(150) {
                     let sizing = (counted_input_tokens, max_tokens);
                     return self.cancelled_stream(c, sizing, reported, output);

@@ -151,29 +151,11 @@ pub(super) fn route(
             Err(never) => match never {},
         };
         let (parts, body) = response.into_parts();
-        let header = |name: &str| {
-            parts
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        };
-        let retry_after = header("retry-after")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let served_by = header(reservoir_client::owners::SERVED_BY);
-        let status = parts.status;
-        match axum::body::to_bytes(body, usize::MAX).await {
-            Ok(body) => Exchange::Answer {
-                status,
-                retry_after,
-                body: body.to_vec(),
-                served_by,
-            },
-            Err(e) => Exchange::Lost {
-                why: format!("answer cut off: {e}"),
-                maybe_sent: true,
-            },
-        }
+        let body = axum::body::to_bytes(body, usize::MAX).await;
+        Exchange::received(
+            parts.status,
+            &parts.headers,
+            body.map(|b| b.to_vec()).map_err(|e| e.to_string()),
+        )
     })
 }
