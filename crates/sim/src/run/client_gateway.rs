@@ -208,6 +208,10 @@ impl World {
         let Some(mut old) = self.client.take() else {
             return;
         };
+        *self
+            .coverage
+            .entry("client background steps given up (deadline)")
+            .or_default() += old.client.background_failures();
         old.close().await;
         for c in std::mem::take(&mut old.local_open) {
             if let Some((s, units)) = self.calls[c].local {
