@@ -14,7 +14,6 @@ use crate::fallback::LocalHold;
 use crate::scheduler::Permit;
 use crate::types::{
     OperationId, Receipt, ReservationId, ReservationState, ReserveRequest, RouteInfo, Settlement,
-    Usage,
 };
 use crate::usage::UsageMeter;
 
@@ -173,13 +172,10 @@ impl Drop for Reservation {
 }
 
 /// Releases a reservation nobody will use. If a start whose answer was lost
-/// did happen (release finds it STARTED), no provider call was made on it, so
-/// it settles at 0: 0 units, and a usage of no input and no output, which a
-/// route limiting tokens beside requests needs to settle at all (without
-/// it the ledger refuses the settle, the call waits for its execution limit
-/// and its whole hold is retired as usage unknown; the simulator's client
-/// gateway found this). Named by the start's operation id, if there was one,
-/// so it also settles a call the sweeper already marked USAGE_UNKNOWN.
+/// did happen (release finds it STARTED, or USAGE_UNKNOWN under the start's
+/// operation id), no provider call was made on it, so it settles as
+/// [`Settlement::never_ran`] (the simulator's client gateway found that a
+/// settle at 0 without usage is refused on a route limiting tokens too).
 fn abandon(client: &Client, id: ReservationId, operation_id: Option<OperationId>) {
     let c = client.clone();
     client.inner.background.spawn("release", async move {
@@ -191,15 +187,7 @@ fn abandon(client: &Client, id: ReservationId, operation_id: Option<OperationId>
                         || (r.state == ReservationState::UsageUnknown
                             && operation_id.is_some()) =>
                 {
-                    let zero = Settlement {
-                        actual_units: 0,
-                        operation_id,
-                        usage: Some(Usage {
-                            output_tokens: Some(0),
-                            reported_input_tokens: Some(0),
-                            ..Usage::default()
-                        }),
-                    };
+                    let zero = Settlement::never_ran(operation_id);
                     c.settle(&id, &zero).await.map(|_| ())
                 }
                 _ => Ok(()),

@@ -468,27 +468,26 @@ impl ShardBook {
     /// unit a settle reports in): its own units; one, on a route that limits
     /// requests; else counted input plus the output limit (the request's,
     /// else the route's default). A token-sized request with no bound on its
-    /// output is not admitted offline. With no route known, a sized request
-    /// is held in tokens, as its settle will count it.
-    /// The units a call holds of a shard: what it asks, or one request on a
-    /// route counted in requests. A call sized by tokens needs the route's
-    /// settings: a shard's document does not name its unit, and sizing a
-    /// call of a route that counts requests in tokens would take a
-    /// thousand requests for one call (and settle it in tokens), so without
-    /// them (a gateway that never read the route) it is refused.
+    /// output is not admitted offline, nor one whose route was never read:
+    /// a shard's document does not name its unit, and sizing a call of a
+    /// route that counts requests in tokens would take a thousand requests
+    /// for one call (and settle it in tokens).
     fn units_of(request: &ReserveRequest, route: Option<&RouteInfo>) -> Option<u64> {
-        let requests = route.is_some_and(|r| r.capacity_unit == crate::CapacityUnit::Requests);
-        match request.sizing {
-            Sizing::Units(units) => Some(units),
-            Sizing::Tokens { .. } if route.is_none() => None,
-            Sizing::Tokens { .. } if requests => Some(1),
-            Sizing::Tokens {
-                counted_input_tokens,
-                max_tokens,
-            } => {
-                let output = max_tokens.or(route.and_then(|r| r.default_max_tokens))?;
-                counted_input_tokens.checked_add(output)
+        match (request.sizing, route) {
+            (Sizing::Units(units), _) => Some(units),
+            (Sizing::Tokens { .. }, None) => None,
+            (Sizing::Tokens { .. }, Some(r))
+                if r.capacity_unit == crate::CapacityUnit::Requests =>
+            {
+                Some(1)
             }
+            (
+                Sizing::Tokens {
+                    counted_input_tokens,
+                    max_tokens,
+                },
+                Some(r),
+            ) => counted_input_tokens.checked_add(max_tokens.or(r.default_max_tokens)?),
         }
     }
 }

@@ -55,25 +55,37 @@ pub enum Exchange {
     },
 }
 
-impl Exchange {
-    /// What an answer as a transport received it comes to: its status, the
-    /// headers the client reads (`Retry-After` in whole seconds,
-    /// `x-reservoir-served-by`), and its body, or why the body was cut off
-    /// (then the request may have been applied: no answer).
-    pub fn received(
-        status: StatusCode,
-        headers: &reqwest::header::HeaderMap,
-        body: Result<Vec<u8>, String>,
-    ) -> Exchange {
+/// What the client reads of an answer before its body: the status,
+/// `Retry-After` (whole seconds) and `x-reservoir-served-by`. A transport
+/// reads it, then the body, without keeping the headers.
+#[derive(Clone, Debug)]
+pub struct AnswerHead {
+    pub status: StatusCode,
+    pub retry_after: Option<Duration>,
+    pub served_by: Option<String>,
+}
+
+impl AnswerHead {
+    pub fn read(status: StatusCode, headers: &reqwest::header::HeaderMap) -> AnswerHead {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        AnswerHead {
+            status,
+            retry_after: header(reqwest::header::RETRY_AFTER.as_str())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs),
+            served_by: header(crate::owners::SERVED_BY).map(str::to_string),
+        }
+    }
+
+    /// The exchange, with the body, or why the body was cut off (then the
+    /// request may have been applied: no answer).
+    pub fn with_body(self, body: Result<Vec<u8>, String>) -> Exchange {
         match body {
             Ok(body) => Exchange::Answer {
-                status,
-                retry_after: header(reqwest::header::RETRY_AFTER.as_str())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs),
+                status: self.status,
+                retry_after: self.retry_after,
                 body,
-                served_by: header(crate::owners::SERVED_BY).map(str::to_string),
+                served_by: self.served_by,
             },
             Err(why) => Exchange::Lost {
                 why: format!("answer cut off: {why}"),
@@ -120,9 +132,9 @@ impl Transport for ReqwestTransport {
                     }
                 }
             };
-            let (status, headers) = (response.status(), response.headers().clone());
+            let head = AnswerHead::read(response.status(), response.headers());
             let body = response.bytes().await.map(|b| b.to_vec());
-            Exchange::received(status, &headers, body.map_err(|e| format!("{e:?}")))
+            head.with_body(body.map_err(|e| format!("{e:?}")))
         })
     }
 }

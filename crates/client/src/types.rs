@@ -251,6 +251,26 @@ pub struct Settlement {
     pub usage: Option<Usage>,
 }
 
+impl Settlement {
+    /// The settle of a started call whose provider call never ran (a start
+    /// answered too late, given back): 0 units, and a usage of no input and
+    /// no output, which a route limiting tokens beside requests needs to
+    /// settle at all (without it the ledger refuses with `usage_missing`).
+    /// Named by the start's operation id, if known, so it also settles a
+    /// call the sweeper already marked USAGE_UNKNOWN.
+    pub fn never_ran(operation_id: Option<OperationId>) -> Settlement {
+        Settlement {
+            actual_units: 0,
+            operation_id,
+            usage: Some(Usage {
+                output_tokens: Some(0),
+                reported_input_tokens: Some(0),
+                ..Usage::default()
+            }),
+        }
+    }
+}
+
 /// What the ledger counts on a route, from its policy's `capacity_unit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CapacityUnit {

@@ -71,9 +71,9 @@ impl RateLimits {
     /// Writes every header (see the module doc). On every reservation
     /// answer, so built without a format string per value (`itoa`, in
     /// [`duration`] too) or a header name parsed at run time (constants):
-    /// with them it cost 9,500
-    /// instructions per answer, 5 % of the server's, and 5,700 with the
-    /// format strings alone (callgrind; bench-results/request-cost.md).
+    /// with them it cost 9,500 instructions per answer, 5 % of the
+    /// server's, and 5,700 with the format strings alone (callgrind;
+    /// bench-results/request-cost.md).
     pub fn write_headers(&self, headers: &mut HeaderMap) {
         let secs = |ms: Option<u64>| ms.map_or(u64::MAX, |ms| ms.div_ceil(1000));
         headers.reserve(2 + 3 * self.0.len());

@@ -380,9 +380,10 @@ impl World {
             .map(|g| Gateway::new(g, 1, &public_key, &clock))
             .collect();
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
-        let client = config
-            .client_gateway
-            .then(|| ClientSide::new(&node.clock, node.writers.clone(), &gateways));
+        let client = config.client_gateway.then(|| {
+            let ledger = client_gateway::LedgerHttp::new(node.writers.clone());
+            ClientSide::new(&node.clock, ledger, &gateways)
+        });
         let lines = TENANTS
             .iter()
             .enumerate()

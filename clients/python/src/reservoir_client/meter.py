@@ -59,8 +59,6 @@ class StreamMeter:
     reported_output_tokens: int | None = None
     #: Output estimated from the deltas streamed.
     estimated_output_tokens: int = 0
-    #: The provider answered with a stream (it took the input).
-    accepted: bool = False
     #: The provider answered the call with an error status before streaming
     #: (a 429, a 400, a 5xx): it did not run, so no input is charged.
     refused: bool = False
@@ -139,7 +137,6 @@ class StreamMeter:
             self.estimated_output_tokens += self.estimate_tokens(text)
 
     def _anthropic_start(self, event: Any) -> None:
-        self.accepted = True
         message = getattr(event, "message", None)
         model = getattr(message, "model", None)
         if isinstance(model, str):
@@ -170,7 +167,6 @@ class StreamMeter:
         return None
 
     def _openai_chunk(self, chunk: Any) -> None:
-        self.accepted = True
         model = getattr(chunk, "model", None)
         if isinstance(model, str) and model:
             self.model = model

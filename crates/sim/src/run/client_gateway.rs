@@ -44,7 +44,7 @@ use axum::http::StatusCode;
 use reservoir_client::transport::Exchange;
 use reservoir_client::{Client, ReserveRequest};
 use reservoir_server::clock::{Clock, ManualClock};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::*;
 
@@ -62,12 +62,33 @@ mod wire;
 use task::{CallTask, Plan, PlanName, Report, Reports};
 use wire::{route, HttpRequest, InFlight, Sent, Shared};
 
+/// The ledger node's HTTP side, as the server serves it: its router over
+/// the node's current writers. It outlives the client processes that call it.
+#[derive(Clone)]
+pub(super) struct LedgerHttp {
+    state: reservoir_server::app::AppState,
+    router: axum::Router,
+}
+
+impl LedgerHttp {
+    pub(super) fn new(writers: reservoir_server::writer::Writers) -> Self {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let state = reservoir_server::app::AppState::new(recorder.handle());
+        state.set_ready(writers);
+        let router = reservoir_server::api::router(
+            state.clone(),
+            64 * 1024,
+            reservoir_server::auth::Auth::disabled(),
+        );
+        LedgerHttp { state, router }
+    }
+}
+
 /// The client gateway's side of the world.
 pub(super) struct ClientSide {
     client: Client,
     shared: Shared,
-    state: reservoir_server::app::AppState,
-    router: axum::Router,
+    ledger: LedgerHttp,
     reports: Reports,
     /// The gateway's shard book (`World::gateways`' last), the client's fallback.
     book: Arc<reservoir_client::ShardBook>,
@@ -84,7 +105,7 @@ pub(super) struct ClientSide {
 impl ClientSide {
     pub(super) fn new(
         clock: &ManualClock,
-        writers: reservoir_server::writer::Writers,
+        ledger: LedgerHttp,
         gateways: &[super::shards::Gateway],
     ) -> Self {
         let shared = Shared {
@@ -92,14 +113,6 @@ impl ClientSide {
             clock: clock.clone(),
             closed: Arc::default(),
         };
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        let state = reservoir_server::app::AppState::new(recorder.handle());
-        state.set_ready(writers);
-        let router = reservoir_server::api::router(
-            state.clone(),
-            64 * 1024,
-            reservoir_server::auth::Auth::disabled(),
-        );
         let book = gateways[CLIENT_GATEWAY].book.clone();
         // A gateway that falls back to its shards soon: a step gives up
         // after 3 s of simulated time (a cut-off lasts 2-8 rounds, each
@@ -117,8 +130,7 @@ impl ClientSide {
         ClientSide {
             client,
             shared,
-            state,
-            router,
+            ledger,
             reports: Arc::default(),
             book,
             tasks: Vec::new(),
@@ -128,9 +140,7 @@ impl ClientSide {
             local_open: Default::default(),
         }
     }
-}
 
-impl ClientSide {
     /// The process ends: every wait ends at once, every deadline has passed,
     /// nothing more is sent, and its tasks stop (their background steps,
     /// spawned as they drop, fail at once).
@@ -238,7 +248,7 @@ impl World {
             .or_default() += orphaned;
         self.restart_gateway(CLIENT_GATEWAY);
         self.count("client gateway restart");
-        let mut new = ClientSide::new(&self.node.clock, self.node.writers.clone(), &self.gateways);
+        let mut new = ClientSide::new(&self.node.clock, old.ledger.clone(), &self.gateways);
         new.delayed = std::mem::take(&mut old.delayed);
         self.client = Some(new);
     }
@@ -262,7 +272,7 @@ impl World {
         let Some(side) = self.client.as_mut() else {
             return Vec::new();
         };
-        side.state.set_ready(self.node.writers.clone());
+        side.ledger.state.set_ready(self.node.writers.clone());
         let sent: Vec<Sent> = side.shared.wire().sent.drain(..).collect();
         let cut_off = self.gateways[CLIENT_GATEWAY].cut_off > 0;
         let mut flying = Vec::new();
@@ -280,14 +290,14 @@ impl World {
             }
             let side = self.client.as_ref().expect("the client side");
             flying.push(InFlight {
-                answer: route(&side.router, &request),
+                answer: route(&side.ledger.router, &request),
                 request,
                 reply: Some(reply),
             });
         }
         for (_, copy) in &copies {
             self.count("client request delayed in the network");
-            if let (Some(c), true) = (copy.call, copy.path == "/v1/reservations") {
+            if let (Some(c), true) = (copy.call, copy.is_reserve()) {
                 self.calls[c].reserve_duplicated = true;
             }
         }
@@ -300,7 +310,7 @@ impl World {
             side.delayed = later;
             for (_, request) in late {
                 flying.push(InFlight {
-                    answer: route(&side.router, &request),
+                    answer: route(&side.ledger.router, &request),
                     request,
                     reply: None,
                 });
@@ -323,6 +333,7 @@ impl World {
             answer,
         } in flying
         {
+            let reserve = request.is_reserve();
             let HttpRequest {
                 method, path, call, ..
             } = request;
@@ -371,7 +382,6 @@ impl World {
             }
             if lost {
                 self.note(format!("  http {what} -> LOST"));
-                let reserve = path == "/v1/reservations";
                 if self.plant == Some(Plant::FallbackAfterSend) && reserve {
                     let _ = reply.send(Exchange::Lost {
                         why: "connection reset (planted: said never sent)".into(),
@@ -432,13 +442,7 @@ impl World {
             ) => {
                 let (output, reported) = self.draw_use(counted_input_tokens, max_tokens);
                 let deltas = self.rng.range(1, 4);
-                let mut events = vec![json!({"type": "message_start", "message": {
-                    "model": "sim-model",
-                    "usage": {"input_tokens": reported, "output_tokens": output.min(1)}}})];
-                events.extend((1..=deltas).map(|i| {
-                    json!({"type": "message_delta", "usage": {"output_tokens": output * i / deltas}})
-                }));
-                events.push(json!({"type": "message_stop"}));
+                let events = super::stream::anthropic_events(reported, output, deltas);
                 let cut = self.rng.chance(200).then(|| self.rng.index(events.len()));
                 let refused = cut == Some(0) && self.rng.chance(500);
                 Plan::Stream {

@@ -41,14 +41,7 @@ impl World {
     ) -> (Option<u64>, Option<Usage>) {
         let deltas = self.rng.range(1, MAX_DELTAS);
         let at = |i: u64| output * i / deltas;
-        let mut events = vec![json!({"type": "message_start", "message": {
-            "model": "sim-model",
-            "usage": {"input_tokens": reported, "output_tokens": output.min(1)}}})];
-        events.extend(
-            (1..=deltas)
-                .map(|i| json!({"type": "message_delta", "usage": {"output_tokens": at(i)}})),
-        );
-        events.push(json!({"type": "message_stop"}));
+        let events = anthropic_events(reported, output, deltas);
         // Events sent before the cut: never the stop (that answer completed).
         let sent = self.rng.index(events.len());
         let mut wire = events[..sent].to_vec();
@@ -124,4 +117,18 @@ impl World {
         );
         (body.actual_units, body.usage.map(Usage::from))
     }
+}
+
+/// A provider's whole streamed answer as Anthropic Messages events:
+/// `message_start` (the input tokens, output 1), `deltas` cumulative
+/// `message_delta`s reaching `output`, `message_stop`.
+pub(super) fn anthropic_events(reported: u64, output: u64, deltas: u64) -> Vec<serde_json::Value> {
+    let mut events = vec![json!({"type": "message_start", "message": {
+        "model": "sim-model",
+        "usage": {"input_tokens": reported, "output_tokens": output.min(1)}}})];
+    events.extend((1..=deltas).map(
+        |i| json!({"type": "message_delta", "usage": {"output_tokens": output * i / deltas}}),
+    ));
+    events.push(json!({"type": "message_stop"}));
+    events
 }

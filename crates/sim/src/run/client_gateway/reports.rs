@@ -122,15 +122,7 @@ impl World {
                     // release, or a settle at 0 (no input, no output) if
                     // the start did happen.
                     self.calls[c].release = true;
-                    self.calls[c].settle = Some(settle_sent(&Settlement {
-                        actual_units: 0,
-                        operation_id: None,
-                        usage: Some(reservoir_client::Usage {
-                            output_tokens: Some(0),
-                            reported_input_tokens: Some(0),
-                            ..Default::default()
-                        }),
-                    }));
+                    self.calls[c].settle = Some(settle_sent(&Settlement::never_ran(None)));
                     self.count("client start failed");
                     self.note(format!("  {id} client: start failed ({why})"));
                 }

@@ -8,7 +8,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use axum::http::Method;
-use reservoir_client::transport::{BoxFuture, Exchange, Outgoing, Timer, Transport};
+use reservoir_client::transport::{AnswerHead, BoxFuture, Exchange, Outgoing, Timer, Transport};
 use reservoir_server::clock::{Clock, ManualClock};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
@@ -24,6 +24,13 @@ pub(super) struct HttpRequest {
     pub(super) body: Option<Vec<u8>>,
     /// The call it names (by its reservation id), if any.
     pub(super) call: Option<usize>,
+}
+
+impl HttpRequest {
+    /// `POST /v1/reservations`: a reserve (whose copies and losses matter).
+    pub(super) fn is_reserve(&self) -> bool {
+        self.method == Method::POST && self.path == "/v1/reservations"
+    }
 }
 
 /// A request the client put on the wire, waiting for a wave.
@@ -158,11 +165,8 @@ pub(super) fn route(
             Err(never) => match never {},
         };
         let (parts, body) = response.into_parts();
+        let head = AnswerHead::read(parts.status, &parts.headers);
         let body = axum::body::to_bytes(body, usize::MAX).await;
-        Exchange::received(
-            parts.status,
-            &parts.headers,
-            body.map(|b| b.to_vec()).map_err(|e| e.to_string()),
-        )
+        head.with_body(body.map(|b| b.to_vec()).map_err(|e| e.to_string()))
     })
 }
