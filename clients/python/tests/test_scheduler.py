@@ -58,6 +58,55 @@ def test_an_idle_tenant_reenters_without_banked_credit() -> None:
     assert starts == {"a": 5, "b": 5}
 
 
+def test_two_waiting_tenants_stay_within_two_starts_of_their_weighted_share() -> None:
+    """The fairness budget, as in the Rust client: over any stretch in which
+    two tenants both have requests waiting, |Si*stride_i - Sj*stride_j| <=
+    2*max(stride_i, stride_j), i.e. their starts per weight differ by at most
+    two starts of the lighter one, however tenants come, go and cancel."""
+    import random
+
+    from reservoir_client.scheduler import STRIDE
+
+    names = ["a", "b", "c", "d"]
+    worst = 0.0
+    for seed in range(100):
+        rng = random.Random(seed)
+        weights = {n: rng.randint(1, 8) for n in names}
+        stride = {n: STRIDE // w for n, w in weights.items()}
+        q: FairQueue[object] = FairQueue(weights)
+        waiting: dict[str, list[object]] = {n: [] for n in names}
+        starts = Counter[str]()
+        since: dict[tuple[str, str], tuple[int, int]] = {}
+        for _ in range(1_000):
+            op = rng.randrange(10)
+            if op <= 3:
+                n = rng.choice(names)
+                item = object()
+                waiting[n].append(item)
+                q.push(n, rng.randrange(3), item)
+            elif op <= 8:
+                popped = q.pop()
+                if popped is not None:
+                    starts[popped[0]] += 1
+                    waiting[popped[0]].remove(popped[2])
+            else:
+                n = rng.choice(names)
+                if waiting[n]:
+                    item = waiting[n].pop(rng.randrange(len(waiting[n])))
+                    assert q.remove(item)
+            for (i, j), (si, sj) in since.items():
+                gap = abs((starts[i] - si) * stride[i] - (starts[j] - sj) * stride[j])
+                budget = 2 * max(stride[i], stride[j])
+                assert gap <= budget, (seed, i, j, gap, budget)
+                worst = max(worst, gap / budget)
+            since = {p: v for p, v in since.items() if waiting[p[0]] and waiting[p[1]]}
+            for i in names:
+                for j in names:
+                    if i < j and waiting[i] and waiting[j]:
+                        since.setdefault((i, j), (starts[i], starts[j]))
+    assert worst > 0.5, worst
+
+
 async def test_the_async_gate_hands_out_slots_in_fair_order_up_to_its_limit() -> None:
     scheduler = AsyncStartScheduler(concurrency=2, weights=WEIGHTS)
     order: list[str] = []

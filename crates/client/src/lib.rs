@@ -55,7 +55,9 @@ pub use error::Error;
 pub use fallback::{Fallback, LocalHold};
 pub use lease::{Lease, Reservation, Settled};
 pub use retry::{Backoff, RetryPolicy};
-pub use scheduler::{Admitted, FairQueue, Permit, SchedulerConfig, StartScheduler, TenantShare};
+pub use scheduler::{
+    Admitted, FairQueue, Permit, SchedulerConfig, StartScheduler, TenantShare, Ticket,
+};
 pub use shards::ShardBook;
 pub use types::{
     CapacityUnit, LogPosition, OperationId, Problem, Receipt, ReservationId, ReservationState,

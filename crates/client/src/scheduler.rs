@@ -68,6 +68,13 @@ pub struct FairQueue<T> {
     len: usize,
 }
 
+/// A place in a [`FairQueue`], to take its item out before its turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    tenant: String,
+    seq: u64,
+}
+
 /// One tenant's starts against its weighted share.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TenantShare {
@@ -101,7 +108,9 @@ impl<T> FairQueue<T> {
         self.len == 0
     }
 
-    pub fn push(&mut self, tenant: &str, priority: u32, item: T) {
+    /// Queues `item` for `tenant`; the ticket takes it out again
+    /// ([`FairQueue::remove`]) if it leaves before its turn.
+    pub fn push(&mut self, tenant: &str, priority: u32, item: T) -> Ticket {
         let weight = self
             .weights
             .get(tenant)
@@ -125,6 +134,25 @@ impl<T> FairQueue<T> {
             item,
         });
         self.len += 1;
+        Ticket {
+            tenant: tenant.to_string(),
+            seq: self.seq,
+        }
+    }
+
+    /// Takes a waiting item out before its turn (a cancelled waiter), or
+    /// `None` if it was popped already. Its tenant is not charged a start: its
+    /// pass moves only when one of its items is popped.
+    pub fn remove(&mut self, ticket: &Ticket) -> Option<T> {
+        let t = self.tenants.get_mut(&ticket.tenant)?;
+        let mut waiting = std::mem::take(&mut t.waiting).into_vec();
+        let found = waiting.iter().position(|e| e.seq == ticket.seq);
+        let removed = found.map(|i| waiting.swap_remove(i).item);
+        t.waiting = BinaryHeap::from(waiting);
+        if removed.is_some() {
+            self.len -= 1;
+        }
+        removed
     }
 
     /// The next to start: the backlogged tenant with the lowest pass (ties by
@@ -274,6 +302,29 @@ fn dispatch(state: &mut State, shared: &Arc<Shared>) -> Vec<Admitted> {
     undelivered
 }
 
+/// A waiter's place while [`StartScheduler::admit`] waits: dropped before its
+/// turn came (the wait cancelled), it leaves the queue.
+struct Queued<'a> {
+    shared: &'a Arc<Shared>,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let left = {
+            let mut state = self.shared.state.lock().expect("scheduler");
+            state.queue.remove(&ticket)
+        };
+        // Outside the lock: the reservation is released in the background. If
+        // it was popped already, its admission is in the channel and goes
+        // (slot and reservation) when the receiver drops.
+        drop(left);
+    }
+}
+
 impl StartScheduler {
     pub fn new(config: SchedulerConfig) -> Self {
         StartScheduler {
@@ -288,10 +339,12 @@ impl StartScheduler {
     }
 
     /// Waits until it is this reservation's turn (its tenant is its subject,
-    /// its priority its route policy's). Cancelling the wait releases it.
+    /// its priority its route policy's). Cancelling the wait takes it out of
+    /// the queue at once and releases it (in the background), without
+    /// charging its tenant a start.
     pub async fn admit(&self, reservation: Reservation) -> Result<Admitted, Error> {
         let (tx, rx) = oneshot::channel();
-        let undelivered = {
+        let (ticket, undelivered) = {
             let mut state = self.shared.state.lock().expect("scheduler");
             if state.queue.len() >= state.max_waiting {
                 let limit = state.max_waiting;
@@ -301,7 +354,7 @@ impl StartScheduler {
             }
             let tenant = reservation.subject().to_string();
             let priority = reservation.priority();
-            state.queue.push(
+            let ticket = state.queue.push(
                 &tenant,
                 priority,
                 Waiter {
@@ -309,11 +362,16 @@ impl StartScheduler {
                     admitted: tx,
                 },
             );
-            dispatch(&mut state, &self.shared)
+            (ticket, dispatch(&mut state, &self.shared))
         };
         drop(undelivered);
-        rx.await
-            .map_err(|_| Error::InvalidInput("scheduler dropped the waiter".into()))
+        let mut queued = Queued {
+            shared: &self.shared,
+            ticket: Some(ticket),
+        };
+        let admitted = rx.await;
+        queued.ticket = None;
+        admitted.map_err(|_| Error::InvalidInput("scheduler dropped the waiter".into()))
     }
 
     /// Waits for the turn, then starts.
@@ -379,6 +437,106 @@ mod tests {
         }
         let order: Vec<_> = std::iter::from_fn(|| q.pop().map(|(_, _, l)| l)).collect();
         assert_eq!(order, ["top", "high-1", "high-2", "low-1", "low-2"]);
+    }
+
+    #[test]
+    fn a_waiter_taken_out_costs_its_tenant_no_start() {
+        let mut q = FairQueue::new(BTreeMap::new(), 1);
+        let gone = q.push("a", 0, "a-gone");
+        q.push("b", 0, "b-1");
+        q.push("b", 0, "b-2");
+        assert_eq!(q.remove(&gone), Some("a-gone"));
+        assert_eq!(q.remove(&gone), None, "once");
+        assert_eq!(q.len(), 2);
+        // "a" comes back level with "b": it was charged nothing for leaving.
+        q.push("a", 0, "a-1");
+        let order: Vec<_> = std::iter::from_fn(|| q.pop().map(|(_, _, l)| l)).collect();
+        assert_eq!(order, ["a-1", "b-1", "b-2"]);
+        let starts: Vec<_> = q.shares().iter().map(|s| s.starts).collect();
+        assert_eq!(starts, [1, 2]);
+        // A popped item's ticket takes nothing out.
+        let popped = q.push("a", 0, "a-2");
+        assert_eq!(q.pop().map(|(_, _, l)| l), Some("a-2"));
+        assert_eq!(q.remove(&popped), None);
+    }
+
+    /// The fairness budget: over any stretch in which two tenants both have
+    /// requests waiting, their starts per weight differ by at most two starts
+    /// of the lighter one, |Si/wi - Sj/wj| <= 2/min(wi, wj) (in pass units,
+    /// exactly: |Si*stride_i - Sj*stride_j| <= 2*max(stride_i, stride_j)),
+    /// however tenants come, go, cancel and re-enter.
+    #[test]
+    fn two_waiting_tenants_stay_within_two_starts_of_their_weighted_share() {
+        const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+        let mut worst = 0.0f64;
+        for seed in 0..300 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let w: Vec<u32> = NAMES.iter().map(|_| rng.u32(1..=8)).collect();
+            let stride: Vec<u128> = w.iter().map(|&w| STRIDE / u128::from(w)).collect();
+            let mut q = FairQueue::new(
+                NAMES
+                    .iter()
+                    .zip(&w)
+                    .map(|(n, w)| (n.to_string(), *w))
+                    .collect(),
+                1,
+            );
+            let mut tickets: Vec<Vec<Ticket>> = vec![Vec::new(); NAMES.len()];
+            let mut starts = [0u128; NAMES.len()];
+            // For each pair both waiting: their starts when that began.
+            let mut since: BTreeMap<(usize, usize), (u128, u128)> = BTreeMap::new();
+            for _ in 0..2_000 {
+                match rng.u8(0..10) {
+                    0..=3 => {
+                        let i = rng.usize(..NAMES.len());
+                        tickets[i].push(q.push(NAMES[i], rng.u32(0..3), ()));
+                    }
+                    4..=8 => {
+                        if let Some((tenant, _, ())) = q.pop() {
+                            let i = NAMES.iter().position(|n| *n == tenant).unwrap();
+                            starts[i] += 1;
+                        }
+                    }
+                    _ => {
+                        let i = rng.usize(..NAMES.len());
+                        if !tickets[i].is_empty() {
+                            let k = rng.usize(..tickets[i].len());
+                            let _ = q.remove(&tickets[i].swap_remove(k));
+                        }
+                    }
+                }
+                let waiting: Vec<bool> = NAMES
+                    .iter()
+                    .map(|n| q.tenants.get(*n).is_some_and(|t| !t.waiting.is_empty()))
+                    .collect();
+                for ((i, j), (si, sj)) in &since {
+                    let (di, dj) = (starts[*i] - si, starts[*j] - sj);
+                    let gap = (di * stride[*i]).abs_diff(dj * stride[*j]);
+                    let budget = 2 * stride[*i].max(stride[*j]);
+                    assert!(
+                        gap <= budget,
+                        "seed {seed}: {} ({}x{}) and {} ({}x{}): gap {gap} over budget {budget}",
+                        NAMES[*i],
+                        di,
+                        w[*i],
+                        NAMES[*j],
+                        dj,
+                        w[*j]
+                    );
+                    worst = worst.max(gap as f64 / budget as f64);
+                }
+                since.retain(|(i, j), _| waiting[*i] && waiting[*j]);
+                for i in 0..NAMES.len() {
+                    for j in i + 1..NAMES.len() {
+                        if waiting[i] && waiting[j] {
+                            since.entry((i, j)).or_insert((starts[i], starts[j]));
+                        }
+                    }
+                }
+            }
+        }
+        // The budget is not slack: the worst stretch comes close to it.
+        assert!(worst > 0.5, "worst gap {worst:.2} of the budget");
     }
 
     #[test]

@@ -190,3 +190,104 @@ async fn a_higher_priority_request_never_waits_behind_a_lower_one_of_its_tenant(
         (Some(11), Some(10))
     );
 }
+
+/// A caller that stops waiting for its turn (a timeout, a disconnect) leaves
+/// the queue at once: its reservation goes back to the ledger then, not when
+/// its turn would have come, and its tenant is not charged a start for it.
+#[tokio::test]
+async fn a_cancelled_wait_leaves_the_queue_and_gives_its_reservation_back() {
+    let ledger = Ledger::start().await;
+    ledger.publish(policy("q1", "chat", 1_000), None).await;
+    let client = Client::builder(&ledger.base())
+        .retry(quick_retry(Duration::from_secs(30)))
+        .build();
+    let scheduler = StartScheduler::new(SchedulerConfig {
+        concurrency: 1,
+        ..SchedulerConfig::default()
+    });
+    // The one slot is taken.
+    let blocker = scheduler
+        .start(
+            client
+                .reserve(ReserveRequest::units("q1", "chat", 1))
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let impatient = client
+        .reserve(ReserveRequest::units("q1", "chat", 10))
+        .await
+        .unwrap();
+    let id = impatient.id().as_str().to_string();
+    assert_eq!(
+        ledger.partition("q1", "chat").await["reserved_units"].as_u64(),
+        Some(11)
+    );
+    let waited = tokio::time::timeout(Duration::from_millis(50), scheduler.admit(impatient)).await;
+    assert!(waited.is_err(), "the slot is held: the wait times out");
+    assert_eq!(
+        scheduler.waiting(),
+        0,
+        "the cancelled waiter left the queue"
+    );
+
+    // Released in the background while the blocker still runs.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, receipt) = ledger.get(&format!("/v1/reservations/{id}")).await;
+        assert_eq!(status, 200, "{receipt}");
+        if receipt["state"] == "RELEASED" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {receipt} while the slot is held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        ledger.partition("q1", "chat").await["reserved_units"].as_u64(),
+        Some(1),
+        "only the blocker's unit is held"
+    );
+
+    blocker
+        .finish_with(Settlement {
+            actual_units: 1,
+            operation_id: None,
+            usage: None,
+        })
+        .await
+        .unwrap();
+    let next = scheduler
+        .start(
+            client
+                .reserve(ReserveRequest::units("q1", "chat", 2))
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    next.finish_with(Settlement {
+        actual_units: 2,
+        operation_id: None,
+        usage: None,
+    })
+    .await
+    .unwrap();
+    // Two starts: the blocker and the next; the cancelled one is not counted.
+    let shares = scheduler.shares();
+    assert_eq!(shares.len(), 1);
+    assert_eq!(shares[0].starts, 2, "{shares:?}");
+    let p = ledger.partition("q1", "chat").await;
+    assert_eq!(
+        (
+            p["spent_units"].as_u64(),
+            p["reserved_units"].as_u64(),
+            p["available_units"].as_u64()
+        ),
+        (Some(3), Some(0), Some(997)),
+        "{p}"
+    );
+}
