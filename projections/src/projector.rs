@@ -103,7 +103,10 @@ pub struct ProjectorConfig {
     /// [`store::PRUNED_BEFORE`] says before when every such record is gone. `None` (the default) keeps
     /// every record: about 600 bytes of disk a reservation (see
     /// bench-results/bounded-state.md). A pruned record is still in the log:
-    /// `reservoir-replay state` answers from it.
+    /// `reservoir-replay state` answers from it. A record pruned while its
+    /// partition still keeps it in memory (a partition gone idle inside the
+    /// record's idempotency window) leaves that memory then, counted as
+    /// evicted, so a projector restarted later holds what a rebuild holds.
     pub retention: Option<Duration>,
 }
 
@@ -312,7 +315,8 @@ impl<L: EventReader> Projector<L> {
         work.finish(&db, &mut self.partitions)?;
         if let Some(retention) = self.config.retention {
             let keep_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
-            prune(&db, &mut work, self.newest_at_ms.saturating_sub(keep_ms))?;
+            let pruned = prune(&db, &mut work, self.newest_at_ms.saturating_sub(keep_ms))?;
+            work.forget_pruned(&db, &mut self.partitions, &pruned)?;
         }
         let routes = std::mem::take(&mut work.routes);
         // Back before the commit: on a failure the projector is poisoned
@@ -501,6 +505,77 @@ impl Work {
 
     /// Turns the touched state into puts: partitions, balances, roll-ups,
     /// reservation records, digests and histograms.
+    /// A partition's head: without its reservation records (stored one by
+    /// one in RESERVATIONS) nor its finished queue (rebuilt from the records
+    /// on load).
+    fn put_head(&mut self, pkey: String, proj: &mut PartitionProjection) {
+        let reservations = std::mem::take(&mut proj.partition.reservations);
+        let finished = std::mem::take(&mut proj.partition.finished);
+        self.put(store::PARTITIONS, pkey, encode(&*proj));
+        proj.partition.reservations = reservations;
+        proj.partition.finished = finished;
+    }
+
+    /// Records the retention rule deleted while their partition still kept
+    /// them in memory (its idempotency window had not passed at its last
+    /// event: an idle partition) leave that memory now, counted as evicted,
+    /// and the partition's head is written again. Otherwise a projector that
+    /// restores the partition from the store (after a restart) would hold
+    /// fewer records, and count fewer evictions, than one that never
+    /// restarted or a rebuild from the log (found by the simulator's
+    /// `projection_disagrees`).
+    fn forget_pruned(
+        &mut self,
+        db: &DB,
+        partitions: &mut FastMap<PartitionKey, PartitionProjection>,
+        pruned: &[String],
+    ) -> Result<(), ProjectionError> {
+        let mut touched = BTreeSet::new();
+        // A partition not cached: whether its head keeps any of them at all.
+        let mut heads: BTreeMap<&str, Option<PartitionProjection>> = BTreeMap::new();
+        for finished in pruned {
+            let corrupt = || ProjectionError::Corrupt {
+                cf: store::FINISHED,
+                key: finished.clone(),
+                reason: "not <time>|<partition key>|<id>".into(),
+            };
+            let at: u64 = finished
+                .get(..20)
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(corrupt)?;
+            let record_key = finished.get(21..).ok_or_else(corrupt)?;
+            let (pkey, id) = record_key.rsplit_once('|').ok_or_else(corrupt)?;
+            let key = store::parse_partition_key(pkey).ok_or_else(corrupt)?;
+            let id = ReservationId::new(id).map_err(|_| corrupt())?;
+            if !partitions.contains_key(&key) {
+                let head = match heads.entry(pkey) {
+                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        e.insert(get(db, store::PARTITIONS, pkey)?)
+                    }
+                };
+                let kept = head
+                    .as_ref()
+                    .is_some_and(|h| reservoir_core::retention::within_window(&h.partition, at));
+                if !kept {
+                    continue;
+                }
+                // Its records still hold this one (the delete is in this batch).
+                load_partition(db, partitions, &key)?;
+            }
+            let proj = partitions.get_mut(&key).expect("cached or loaded above");
+            if reservoir_core::retention::forget_finished(&mut proj.partition, &id) {
+                touched.insert(key);
+            }
+        }
+        for key in touched {
+            let pkey = store::partition_key(&key);
+            let proj = partitions.get_mut(&key).expect("touched above");
+            self.put_head(pkey, proj);
+        }
+        Ok(())
+    }
+
     fn finish(
         &mut self,
         db: &DB,
@@ -514,12 +589,7 @@ impl Work {
             let proj = partitions
                 .get_mut(&key)
                 .expect("a touched partition is cached");
-            // Nor its finished queue: rebuilt from the records on load.
-            let reservations = std::mem::take(&mut proj.partition.reservations);
-            let finished = std::mem::take(&mut proj.partition.finished);
-            self.put(store::PARTITIONS, pkey.clone(), encode(&*proj));
-            proj.partition.reservations = reservations;
-            proj.partition.finished = finished;
+            self.put_head(pkey.clone(), proj);
             let proj = &partitions[&key];
             let new = PartitionBalance::of(proj);
             if let Some(new) = &new {
@@ -589,9 +659,10 @@ impl Work {
 
 /// The retention rule: deletes (in `work`) the records of reservations that
 /// finished before `cutoff_ms`, oldest first, at most [`PRUNED_PER_STEP`].
-fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<(), ProjectionError> {
+fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<Vec<String>, ProjectionError> {
+    let mut gone = Vec::new();
     if cutoff_ms == 0 {
-        return Ok(());
+        return Ok(gone);
     }
     let cf = db
         .cf_handle(store::FINISHED)
@@ -609,7 +680,8 @@ fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<(), ProjectionError
     for finished in fresh {
         let (record, id_entry) =
             store::keys_of_finished(&finished).expect("written by finished_key");
-        work.puts.remove(&(store::FINISHED, finished));
+        work.puts.remove(&(store::FINISHED, finished.clone()));
+        gone.push(finished);
         work.puts.remove(&(store::RESERVATIONS, record.clone()));
         work.puts
             .remove(&(store::RESERVATION_IDS, id_entry.clone()));
@@ -636,7 +708,8 @@ fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<(), ProjectionError
         let (record, id_entry) = store::keys_of_finished(&finished).ok_or_else(corrupt)?;
         work.deletes.push((store::RESERVATIONS, record));
         work.deletes.push((store::RESERVATION_IDS, id_entry));
-        work.deletes.push((store::FINISHED, finished));
+        work.deletes.push((store::FINISHED, finished.clone()));
+        gone.push(finished);
         pruned += 1;
         if pruned == PRUNED_PER_STEP {
             complete_before = at;
@@ -652,5 +725,5 @@ fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<(), ProjectionError
         encode(&before.max(complete_before)),
     );
     metrics::counter!("reservoir_projection_pruned_total").increment(pruned as u64);
-    Ok(())
+    Ok(gone)
 }

@@ -196,6 +196,17 @@ fn push_partition_key(out: &mut String, key: &PartitionKey) {
     push_padded(out, key.policy_generation);
 }
 
+/// The partition key [`partition_key`] wrote (`None` if `s` is not one).
+pub fn parse_partition_key(s: &str) -> Option<PartitionKey> {
+    let mut parts = s.split('|');
+    let (subject, route, epoch, generation) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || generation.len() != PADDED_DIGITS {
+        return None;
+    }
+    PartitionKey::new(subject, route, epoch, generation.parse().ok()?).ok()
+}
+
 fn partition_key_len(key: &PartitionKey) -> usize {
     key.subject.len() + key.route.len() + key.accounting_epoch.len() + 3 + PADDED_DIGITS
 }

@@ -17,7 +17,7 @@
 
 use crate::partition::Partition;
 use crate::reservation::Reservation;
-use crate::types::TimestampMs;
+use crate::types::{ReservationId, TimestampMs};
 
 /// Default idempotency window: 10 minutes, far longer than any client's retry
 /// deadline (a retry after it is still answered, from the on-disk index).
@@ -39,6 +39,34 @@ fn window_ms(p: &Partition) -> u64 {
         .map_or(DEFAULT_IDEMPOTENCY_WINDOW_MS, |policy| {
             policy.idempotency_window_ms
         })
+}
+
+/// Whether the window rule still keeps a record that finished at
+/// `finished_at_ms` in memory at the partition's last event (the cap aside).
+pub fn within_window(p: &Partition, finished_at_ms: TimestampMs) -> bool {
+    finished_at_ms.saturating_add(window_ms(p)) > p.last_at_ms
+}
+
+/// Takes a finished record out of memory before its window passed, counted
+/// as evicted: the projection's retention rule deleted it from the store, so
+/// a partition restored from the store ([`restore_in_memory`]) cannot hold
+/// it, and one that was never restored must not hold it either. False if the
+/// record is not in memory, or not finished.
+pub fn forget_finished(p: &mut Partition, id: &ReservationId) -> bool {
+    if !p
+        .reservations
+        .get(id)
+        .is_some_and(|r| r.state.is_terminal())
+    {
+        return false;
+    }
+    p.reservations.remove(id);
+    p.finished.retain(|(_, queued)| queued != id);
+    p.evicted_reservations = p
+        .evicted_reservations
+        .checked_add(1)
+        .expect("evicted count fits u64");
+    true
 }
 
 /// Moves finished records out of memory (into `evicted`, oldest first) once
@@ -79,12 +107,11 @@ pub fn restore_in_memory(p: &mut Partition, records: impl IntoIterator<Item = Re
         p.reservations.is_empty() && p.finished.is_empty(),
         "restored into a head"
     );
-    let window = window_ms(p);
     let mut finished = Vec::new();
     for r in records {
         match (r.state.is_terminal(), r.finished_at_ms) {
             (true, Some(at)) => {
-                if at.saturating_add(window) > p.last_at_ms {
+                if within_window(p, at) {
                     finished.push((at, r));
                 }
             }

@@ -202,3 +202,28 @@ fn a_policy_without_a_window_reads_as_the_default_and_zero_is_refused() {
         })
     );
 }
+
+#[test]
+fn a_finished_record_forgotten_before_its_window_counts_as_evicted_once() {
+    let mut p = opened(windowed(60_000));
+    run(&mut p, &reserve("done", 1, 100), 10);
+    run(&mut p, &release("done"), 20);
+    run(&mut p, &reserve("open", 2, 100), 30);
+    let ledger = p.ledger;
+    // Inside its window at the partition's last event: kept.
+    assert!(retention::within_window(&p, 20));
+    assert!(
+        !retention::forget_finished(&mut p, &rid("open")),
+        "open records stay"
+    );
+    assert!(retention::forget_finished(&mut p, &rid("done")));
+    assert!(!retention::forget_finished(&mut p, &rid("done")), "once");
+    assert!(p.reservation(&rid("done")).is_none());
+    assert!(p.finished.is_empty());
+    assert_eq!(p.evicted_reservations, 1);
+    assert_eq!(p.ledger, ledger, "bookkeeping, never capacity");
+    p.check_invariants().unwrap();
+    // A later event past its window evicts nothing more.
+    assert!(run(&mut p, &release("open"), 70_000).is_empty());
+    assert_eq!(p.evicted_reservations, 1);
+}
