@@ -79,10 +79,15 @@ pub enum Gate {
     /// unknown call's hold counted as unused), did not record use beyond
     /// the allocation as debt, or a stale process's reconcile was taken.
     RemintUnbacked,
+    /// The projector, followed step by step through crashes and restarts,
+    /// differs from a rebuild from the whole log (a key or value of its
+    /// database), from the ledger (a partition it projected), or found an
+    /// event it could not apply (`run`'s `projection`).
+    ProjectionDisagrees,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 21] = [
+    pub const ALL: [Gate; 22] = [
         Gate::Conservation,
         Gate::MovePairs,
         Gate::AvailableNegative,
@@ -104,6 +109,7 @@ impl Gate {
         Gate::ShardDoubleSpent,
         Gate::DuplicateRemint,
         Gate::RemintUnbacked,
+        Gate::ProjectionDisagrees,
     ];
 
     /// The gate called `name` (as [`Gate::name`] spells it).
@@ -134,6 +140,7 @@ impl Gate {
             Gate::ShardDoubleSpent => "shard_double_spent",
             Gate::DuplicateRemint => "duplicate_remint",
             Gate::RemintUnbacked => "remint_unbacked",
+            Gate::ProjectionDisagrees => "projection_disagrees",
         }
     }
 }

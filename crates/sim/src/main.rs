@@ -62,6 +62,10 @@ struct Cli {
     /// simulated (not for the release gate's chunks).
     #[arg(long, conflicts_with = "save")]
     no_client_gateway: bool,
+    /// No projector following the log (the interleavings are the same; only
+    /// its gate, `projection_disagrees`, is not checked).
+    #[arg(long, conflicts_with = "save")]
+    no_projector: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -98,6 +102,7 @@ fn main() -> ExitCode {
         chat_shards: !cli.no_chat_shards,
         stream_cancel: !cli.no_stream_cancel,
         client_gateway: !cli.no_client_gateway,
+        projector: !cli.no_projector,
     };
     if !cli.merge.is_empty() {
         return merge(&cli.merge);

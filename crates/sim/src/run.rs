@@ -34,6 +34,7 @@ mod client_gateway;
 mod faults;
 mod gateway;
 mod operator;
+mod projection;
 mod shard_answers;
 mod shards;
 mod stream;
@@ -41,6 +42,7 @@ mod stream;
 use client_gateway::ClientSide;
 use gateway::{Call, Phase, RetiredSeen, Told};
 use operator::Line;
+use projection::Projection;
 use shards::{Gateway, LocalCall, ShardPhase, SimShard};
 
 /// A bug the simulator plants on purpose, to show that the checker fails.
@@ -73,10 +75,14 @@ pub enum Plant {
     /// so the client, cut off before it hears again, admits the call from
     /// a shard while the ledger holds it too (needs the client gateway).
     FallbackAfterSend,
+    /// The projector that follows the log reads it without one entry (a
+    /// reader that lost one, or a cursor moved one too far): its database is
+    /// no longer the rebuild's (needs a run with the projector).
+    ProjectorSkips,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 7] = [
+    pub const ALL: [Plant; 8] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
@@ -84,6 +90,7 @@ impl Plant {
         Plant::ShardAfterRestart,
         Plant::InputUncounted,
         Plant::FallbackAfterSend,
+        Plant::ProjectorSkips,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +102,7 @@ impl Plant {
             Plant::ShardAfterRestart => "shard-after-restart",
             Plant::InputUncounted => "input-uncounted",
             Plant::FallbackAfterSend => "fallback-after-send",
+            Plant::ProjectorSkips => "projector-skips",
         }
     }
 
@@ -127,6 +135,11 @@ pub struct RunConfig {
     /// default. Off, a seed runs the interleaving it ran before
     /// (`--no-client-gateway`).
     pub client_gateway: bool,
+    /// The real projector following the log, checked against a rebuild and
+    /// the ledger at the end (`run`'s `projection`), on by default. It draws
+    /// nothing from the world's generator: a seed runs the same
+    /// interleaving either way (`--no-projector` skips it).
+    pub projector: bool,
 }
 
 impl RunConfig {
@@ -139,6 +152,7 @@ impl RunConfig {
             chat_shards: true,
             stream_cancel: true,
             client_gateway: true,
+            projector: true,
         }
     }
 
@@ -159,6 +173,9 @@ impl RunConfig {
         }
         if !self.client_gateway {
             flags.push_str(" --no-client-gateway");
+        }
+        if !self.projector {
+            flags.push_str(" --no-projector");
         }
         flags
     }
@@ -251,6 +268,7 @@ async fn run_async(seed: u64, config: &RunConfig) -> RunOutcome {
         world
             .check(round, round % RECOVERY_EVERY == RECOVERY_EVERY - 1)
             .await;
+        world.project(round).await;
         round += 1;
     }
     // The quiet drain: every UNKNOWN must resolve once the faults stop.
@@ -258,11 +276,13 @@ async fn run_async(seed: u64, config: &RunConfig) -> RunOutcome {
     while world.findings.is_empty() && drained < DRAIN_ROUNDS && world.unresolved() > 0 {
         world.round(round, true).await;
         world.check(round, false).await;
+        world.project(round).await;
         round += 1;
         drained += 1;
     }
     if world.findings.is_empty() {
         world.check(round, true).await;
+        world.check_projection(round).await;
         let left = world.unresolved();
         if left > 0 {
             world.findings.push(finding(
@@ -314,6 +334,8 @@ struct World {
     stream_cancel: bool,
     /// The client gateway (`None` with `--no-client-gateway`).
     client: Option<ClientSide>,
+    /// The projector following the log (`None` with `--no-projector`).
+    projection: Option<Projection>,
     /// A snapshot being taken this round: its cut, and each shard's part.
     taking: Option<(reservoir_server::snapshot::Cut, Vec<Option<SnapshotPart>>)>,
     /// Copies of call requests the network holds: (round due, call, phase).
@@ -379,6 +401,15 @@ impl World {
         let gateways: Vec<Gateway> = (0..GATEWAYS + usize::from(config.client_gateway))
             .map(|g| Gateway::new(g, 1, &public_key, &clock))
             .collect();
+        let projection = match config.projector {
+            true => Projection::open(
+                seed,
+                dir.path(),
+                log.clone(),
+                config.plant == Some(Plant::ProjectorSkips),
+            )?,
+            false => None,
+        };
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
         let client = config.client_gateway.then(|| {
             let ledger = client_gateway::LedgerHttp::new(node.writers.clone());
@@ -412,6 +443,7 @@ impl World {
             chat_shards: config.chat_shards,
             stream_cancel: config.stream_cancel,
             client,
+            projection,
             taking: None,
             delayed: Vec::new(),
             round: 0,

@@ -83,6 +83,7 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         Plant::InputUncounted => &[Gate::UnexpectedAnswer, Gate::ModelDisagrees],
         // A call admitted from a shard and debited by the ledger.
         Plant::FallbackAfterSend => &[Gate::ModelDisagrees],
+        Plant::ProjectorSkips => &[Gate::ProjectionDisagrees],
     }
 }
 
