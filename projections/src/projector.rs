@@ -534,17 +534,8 @@ impl Work {
         // A partition not cached: whether its head keeps any of them at all.
         let mut heads: BTreeMap<&str, Option<PartitionProjection>> = BTreeMap::new();
         for finished in pruned {
-            let corrupt = || ProjectionError::Corrupt {
-                cf: store::FINISHED,
-                key: finished.clone(),
-                reason: "not <time>|<partition key>|<id>".into(),
-            };
-            let at: u64 = finished
-                .get(..20)
-                .and_then(|t| t.parse().ok())
-                .ok_or_else(corrupt)?;
-            let record_key = finished.get(21..).ok_or_else(corrupt)?;
-            let (pkey, id) = record_key.rsplit_once('|').ok_or_else(corrupt)?;
+            let corrupt = || corrupt_finished(finished);
+            let (at, pkey, id) = store::finished_parts(finished).ok_or_else(corrupt)?;
             let key = store::parse_partition_key(pkey).ok_or_else(corrupt)?;
             let id = ReservationId::new(id).map_err(|_| corrupt())?;
             if !partitions.contains_key(&key) {
@@ -657,6 +648,14 @@ impl Work {
     }
 }
 
+fn corrupt_finished(finished: &str) -> ProjectionError {
+    ProjectionError::Corrupt {
+        cf: store::FINISHED,
+        key: finished.to_string(),
+        reason: "not <time>|<partition key>|<id>".into(),
+    }
+}
+
 /// The retention rule: deletes (in `work`) the records of reservations that
 /// finished before `cutoff_ms`, oldest first, at most [`PRUNED_PER_STEP`].
 fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<Vec<String>, ProjectionError> {
@@ -696,15 +695,8 @@ fn prune(db: &DB, work: &mut Work, cutoff_ms: u64) -> Result<Vec<String>, Projec
     for item in db.iterator_cf_opt(&cf, options, rocksdb::IteratorMode::Start) {
         let (k, _) = item.map_err(store_error)?;
         let finished = String::from_utf8_lossy(&k).into_owned();
-        let corrupt = || ProjectionError::Corrupt {
-            cf: store::FINISHED,
-            key: finished.clone(),
-            reason: "not <time>|<partition key>|<id>".into(),
-        };
-        let at: u64 = finished
-            .get(..20)
-            .and_then(|t| t.parse().ok())
-            .ok_or_else(corrupt)?;
+        let corrupt = || corrupt_finished(&finished);
+        let (at, _, _) = store::finished_parts(&finished).ok_or_else(corrupt)?;
         let (record, id_entry) = store::keys_of_finished(&finished).ok_or_else(corrupt)?;
         work.deletes.push((store::RESERVATIONS, record));
         work.deletes.push((store::RESERVATION_IDS, id_entry));

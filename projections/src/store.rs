@@ -248,6 +248,14 @@ pub fn finished_key(finished_at_ms: u64, key: &PartitionKey, id: &str) -> String
     out
 }
 
+/// The parts of a [`FINISHED`] key: when the reservation finished, its
+/// partition key (as [`partition_key`] writes it) and its id.
+pub fn finished_parts(finished: &str) -> Option<(u64, &str, &str)> {
+    let at = finished.get(..PADDED_DIGITS)?.parse().ok()?;
+    let (partition, id) = finished.get(PADDED_DIGITS + 1..)?.rsplit_once('|')?;
+    Some((at, partition, id))
+}
+
 /// The [`RESERVATIONS`] and [`RESERVATION_IDS`] keys a [`FINISHED`] key names
 /// (a partition key has four `|`-separated parts; ids contain no `|`).
 pub fn keys_of_finished(finished: &str) -> Option<(String, String)> {

@@ -14,6 +14,40 @@ use reservoir_client::{Client, ReserveRequest, SchedulerConfig, Settlement, Star
 use crate::support::*;
 
 const STARTS: usize = 10_000;
+
+/// A scheduler that runs one call at a time.
+fn one_at_a_time() -> StartScheduler {
+    StartScheduler::new(SchedulerConfig {
+        concurrency: 1,
+        ..SchedulerConfig::default()
+    })
+}
+
+/// Reserves `units` and starts the call when its turn comes.
+async fn start_in_turn(
+    scheduler: &StartScheduler,
+    client: &Client,
+    (subject, route): (&str, &str),
+    units: u64,
+) -> reservoir_client::Lease {
+    let reservation = client
+        .reserve(ReserveRequest::units(subject, route, units))
+        .await
+        .unwrap();
+    scheduler.start(reservation).await.unwrap()
+}
+
+/// Settles a call that used `units`.
+async fn settle(lease: reservoir_client::Lease, units: u64) {
+    lease
+        .finish_with(Settlement {
+            actual_units: units,
+            operation_id: None,
+            usage: None,
+        })
+        .await
+        .unwrap();
+}
 const PRODUCERS_PER_TENANT: usize = 12;
 
 #[tokio::test]
@@ -56,14 +90,7 @@ async fn saturating_tenants_share_starts_by_weight() {
                     admitted.fetch_add(1, Ordering::SeqCst);
                     order.lock().unwrap().push(tenant.to_string());
                     let lease = turn.start().await.unwrap();
-                    lease
-                        .finish_with(Settlement {
-                            actual_units: 1,
-                            operation_id: None,
-                            usage: None,
-                        })
-                        .await
-                        .unwrap();
+                    settle(lease, 1).await;
                     settled += 1;
                 }
                 settled
@@ -126,21 +153,10 @@ async fn a_higher_priority_request_never_waits_behind_a_lower_one_of_its_tenant(
         .retry(quick_retry(Duration::from_secs(30)))
         .build();
     assert_eq!(client.route("p1", "interactive").await.unwrap().priority, 9);
-    let scheduler = StartScheduler::new(SchedulerConfig {
-        concurrency: 1,
-        ..SchedulerConfig::default()
-    });
+    let scheduler = one_at_a_time();
 
     // Hold the one slot, queue low-priority requests first, then high ones.
-    let blocker = scheduler
-        .start(
-            client
-                .reserve(ReserveRequest::units("p1", "batch", 1))
-                .await
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let blocker = start_in_turn(&scheduler, &client, ("p1", "batch"), 1).await;
     let order: Arc<Mutex<Vec<&str>>> = Arc::default();
     let mut waiting = Vec::new();
     for route in ["batch"; 10].into_iter().chain(["interactive"; 10]) {
@@ -153,28 +169,14 @@ async fn a_higher_priority_request_never_waits_behind_a_lower_one_of_its_tenant(
             let turn = queue.admit(reservation).await.unwrap();
             order.lock().unwrap().push(route);
             let lease = turn.start().await.unwrap();
-            lease
-                .finish_with(Settlement {
-                    actual_units: 1,
-                    operation_id: None,
-                    usage: None,
-                })
-                .await
-                .unwrap();
+            settle(lease, 1).await;
         }));
         // Queued in this order: wait until the scheduler holds it.
         while scheduler.waiting() < waiting.len() {
             tokio::task::yield_now().await;
         }
     }
-    blocker
-        .finish_with(Settlement {
-            actual_units: 1,
-            operation_id: None,
-            usage: None,
-        })
-        .await
-        .unwrap();
+    settle(blocker, 1).await;
     for w in waiting {
         w.await.unwrap();
     }
@@ -201,20 +203,9 @@ async fn a_cancelled_wait_leaves_the_queue_and_gives_its_reservation_back() {
     let client = Client::builder(&ledger.base())
         .retry(quick_retry(Duration::from_secs(30)))
         .build();
-    let scheduler = StartScheduler::new(SchedulerConfig {
-        concurrency: 1,
-        ..SchedulerConfig::default()
-    });
+    let scheduler = one_at_a_time();
     // The one slot is taken.
-    let blocker = scheduler
-        .start(
-            client
-                .reserve(ReserveRequest::units("q1", "chat", 1))
-                .await
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let blocker = start_in_turn(&scheduler, &client, ("q1", "chat"), 1).await;
     let impatient = client
         .reserve(ReserveRequest::units("q1", "chat", 10))
         .await
@@ -252,30 +243,9 @@ async fn a_cancelled_wait_leaves_the_queue_and_gives_its_reservation_back() {
         "only the blocker's unit is held"
     );
 
-    blocker
-        .finish_with(Settlement {
-            actual_units: 1,
-            operation_id: None,
-            usage: None,
-        })
-        .await
-        .unwrap();
-    let next = scheduler
-        .start(
-            client
-                .reserve(ReserveRequest::units("q1", "chat", 2))
-                .await
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    next.finish_with(Settlement {
-        actual_units: 2,
-        operation_id: None,
-        usage: None,
-    })
-    .await
-    .unwrap();
+    settle(blocker, 1).await;
+    let next = start_in_turn(&scheduler, &client, ("q1", "chat"), 2).await;
+    settle(next, 2).await;
     // Two starts: the blocker and the next; the cancelled one is not counted.
     let shares = scheduler.shares();
     assert_eq!(shares.len(), 1);
