@@ -36,6 +36,10 @@ use super::*;
 /// the simulator's time.
 const RUNS_PROJECTED: u64 = 3;
 
+/// Coverage: entries the followed projector read, step by step and when
+/// it caught up at the end (a crashed step's entries are read again).
+const ENTRIES_READ: &str = "projector: entries read";
+
 /// Steps the end of a run may take to catch up (each reads up to the run's
 /// step size per log partition); more means the projector stopped moving.
 const CATCH_UP_STEPS_MAX: usize = 100_000;
@@ -185,10 +189,13 @@ impl World {
                 *self.coverage.entry("projector: restart").or_default() += 1;
                 p.reopen(true)
             }
-            10..=599 => {
-                let step = p.projector.as_mut().expect("open").step().await;
-                step.map(|_| ()).map_err(|e| format!("step: {e}"))
-            }
+            10..=599 => match p.projector.as_mut().expect("open").step().await {
+                Ok(step) => {
+                    *self.coverage.entry(ENTRIES_READ).or_default() += step.entries as u64;
+                    Ok(())
+                }
+                Err(e) => Err(format!("step: {e}")),
+            },
             _ => Ok(()),
         };
         if let Err(err) = result {
@@ -227,10 +234,7 @@ impl World {
         )
         .map_err(|e| format!("open the rebuild: {e}"))?;
         catch_up(&mut rebuild).await?;
-        *self
-            .coverage
-            .entry("projector: entries followed")
-            .or_default() += followed as u64;
+        *self.coverage.entry(ENTRIES_READ).or_default() += followed as u64;
 
         let (a, b) = (
             dump(&db).map_err(|e| format!("dump: {e}"))?,
