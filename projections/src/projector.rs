@@ -503,8 +503,6 @@ impl Work {
         self.puts.insert((cf, key), value);
     }
 
-    /// Turns the touched state into puts: partitions, balances, roll-ups,
-    /// reservation records, digests and histograms.
     /// A partition's head: without its reservation records (stored one by
     /// one in RESERVATIONS) nor its finished queue (rebuilt from the records
     /// on load).
@@ -567,6 +565,8 @@ impl Work {
         Ok(())
     }
 
+    /// Turns the touched state into puts: partitions, balances, roll-ups,
+    /// reservation records, digests and histograms.
     fn finish(
         &mut self,
         db: &DB,

@@ -259,10 +259,9 @@ pub fn finished_parts(finished: &str) -> Option<(u64, &str, &str)> {
 /// The [`RESERVATIONS`] and [`RESERVATION_IDS`] keys a [`FINISHED`] key names
 /// (a partition key has four `|`-separated parts; ids contain no `|`).
 pub fn keys_of_finished(finished: &str) -> Option<(String, String)> {
-    let (_, record_key) = finished.split_once('|')?;
-    let (partition, id) = record_key.rsplit_once('|')?;
+    let (_, partition, id) = finished_parts(finished)?;
     Some((
-        record_key.to_string(),
+        finished[PADDED_DIGITS + 1..].to_string(),
         format!("{}{partition}", reservation_id_prefix(id)),
     ))
 }

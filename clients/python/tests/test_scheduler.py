@@ -6,6 +6,7 @@ in front of the real ledger, with conservation checked after."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections import Counter
 
@@ -14,7 +15,7 @@ import pytest
 
 from conftest import assert_conserved, publish
 from reservoir_client import AsyncReservoir
-from reservoir_client.scheduler import AsyncStartScheduler, FairQueue, QueueFull, StartScheduler
+from reservoir_client.scheduler import STRIDE, AsyncStartScheduler, FairQueue, QueueFull, StartScheduler
 
 pytestmark = pytest.mark.anyio
 
@@ -63,10 +64,6 @@ def test_two_waiting_tenants_stay_within_two_starts_of_their_weighted_share() ->
     two tenants both have requests waiting, |Si*stride_i - Sj*stride_j| <=
     2*max(stride_i, stride_j), i.e. their starts per weight differ by at most
     two starts of the lighter one, however tenants come, go and cancel."""
-    import random
-
-    from reservoir_client.scheduler import STRIDE
-
     names = ["a", "b", "c", "d"]
     worst = 0.0
     for seed in range(100):

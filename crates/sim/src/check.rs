@@ -410,13 +410,37 @@ pub fn compare(
             (Some(x), Some(y)) if x == y => {}
             (Some(x), Some(y)) => out.push(finding(
                 gate,
-                format!("{key}: {left} {} != {right} {}", summary(x), summary(y)),
+                format!(
+                    "{key}: {left} {} != {right} {}, differing in {}",
+                    summary(x),
+                    summary(y),
+                    differing(x, y)
+                ),
             )),
             (Some(_), None) => out.push(finding(gate, format!("{key}: only in {left}"))),
             (None, Some(_)) => out.push(finding(gate, format!("{key}: only in {right}"))),
             (None, None) => unreachable!("a key of one of them"),
         }
     }
+}
+
+/// The fields in which two partitions differ, with both values (cut short).
+fn differing(a: &Partition, b: &Partition) -> String {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+        (serde_json::to_value(a), serde_json::to_value(b))
+    else {
+        return "(not comparable as JSON)".to_string();
+    };
+    let cut = |v: Option<&serde_json::Value>| {
+        v.map_or("-".to_string(), |v| {
+            v.to_string().chars().take(200).collect()
+        })
+    };
+    a.iter()
+        .filter(|(name, x)| b.get(*name) != Some(*x))
+        .map(|(name, x)| format!("{name} ({} / {})", cut(Some(x)), cut(b.get(name))))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn summary(p: &Partition) -> String {

@@ -144,8 +144,9 @@
 //! idle (still inside their idempotency window at its last event) restored
 //! that partition without them, and counted fewer evictions than one that
 //! never restarted or a rebuild: its database was not the rebuild's, byte
-//! for byte (6 of seeds 1–300, the projector then in every run). Fixed in the projector: a record the
-//! rule prunes leaves its partition's memory then, counted as evicted
+//! for byte (with the fix reverted, 9 of seeds 1–2,000). Fixed in the
+//! projector: a record the rule prunes leaves its partition's memory then,
+//! counted as evicted
 //! (`reservoir_core::retention::forget_finished`), with a test of its own.
 //!
 //! Not a bug, but a contract a client must know: a refusal is not a

@@ -1,5 +1,6 @@
 //! The hand-built keys are the bytes the `format!` strings they replaced
-//! produced: stored keys of an existing database keep their order and meaning.
+//! produced: stored keys of an existing database keep their order and
+//! meaning; and the keys read back into their parts.
 
 use reservoir_core::PartitionKey;
 use reservoir_projections::store;
@@ -22,6 +23,7 @@ fn keys_are_the_bytes_of_the_formats_they_replaced() {
             k.subject, k.route, k.accounting_epoch, k.policy_generation
         );
         assert_eq!(store::partition_key(&k), partition);
+        assert_eq!(store::parse_partition_key(&partition), Some(k.clone()));
         assert_eq!(
             store::reservation_key(&k, "r-1"),
             format!("{partition}|r-1")
@@ -31,9 +33,15 @@ fn keys_are_the_bytes_of_the_formats_they_replaced() {
             format!("r-1|{partition}")
         );
         for at in [0, 7, 1_796_134_079_866, u64::MAX] {
+            let finished = store::finished_key(at, &k, "r-1");
+            assert_eq!(finished, format!("{at:020}|{partition}|r-1"));
             assert_eq!(
-                store::finished_key(at, &k, "r-1"),
-                format!("{at:020}|{partition}|r-1")
+                store::finished_parts(&finished),
+                Some((at, partition.as_str(), "r-1"))
+            );
+            assert_eq!(
+                store::keys_of_finished(&finished),
+                Some((format!("{partition}|r-1"), format!("r-1|{partition}")))
             );
         }
     }

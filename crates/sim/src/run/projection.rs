@@ -1,9 +1,10 @@
 //! The projector in the loop: in one run of three, the real
 //! `reservoir_projections::Projector` follows the simulated log as the
 //! server's in-process projector does, one step at a time (of 1–64 entries
-//! per log partition, fixed per run), and now and then crashes: between deriving a step and committing it (its
-//! test hook; it is then reopened over the same database), or as a process
-//! would, its database closed and opened again. Some runs prune finished
+//! per log partition, fixed per run), and now and then crashes: between
+//! deriving a step and committing it (its test hook; it is then reopened
+//! over the same database), or as a process would, its database closed and
+//! opened again. Some runs prune finished
 //! reservation records (the retention rule, by log time).
 //!
 //! At the end of a run it catches up, and the checker holds it
@@ -27,7 +28,6 @@ use std::time::Duration;
 use reservoir_log::{EventReader, LogEntry, LogError, Position};
 use reservoir_projections::{dump, store, Projections, Projector, ProjectorConfig};
 use rocksdb::DB;
-use serde_json::Value;
 
 use super::*;
 
@@ -39,10 +39,6 @@ const RUNS_PROJECTED: u64 = 3;
 /// Coverage: entries the followed projector read, step by step and when
 /// it caught up at the end (a crashed step's entries are read again).
 const ENTRIES_READ: &str = "projector: entries read";
-
-/// Steps the end of a run may take to catch up (each reads up to the run's
-/// step size per log partition); more means the projector stopped moving.
-const CATCH_UP_STEPS_MAX: usize = 100_000;
 
 pub(super) struct Projection {
     rng: Rng,
@@ -162,9 +158,7 @@ impl World {
         let Some(p) = self.projection.as_mut() else {
             return;
         };
-        let mut out = Vec::new();
-        let draw = p.rng.below(1000);
-        let result = match draw {
+        let result = match p.rng.below(1000) {
             // A crash between derive and commit: the step fails, the
             // projector refuses further work until reopened.
             0..=4 => {
@@ -199,9 +193,8 @@ impl World {
             _ => Ok(()),
         };
         if let Err(err) = result {
-            out.push(finding(Gate::ProjectionDisagrees, err));
+            self.fail(round, vec![finding(Gate::ProjectionDisagrees, err)]);
         }
-        self.fail(round, out);
     }
 
     /// At the end of a run: the projector caught up, against a rebuild and
@@ -219,7 +212,13 @@ impl World {
         let live = self.node.partitions().await?;
         let p = self.projection.as_mut().expect("checked by the caller");
         let db = p.db.clone().expect("open");
-        let followed = catch_up(p.projector.as_mut().expect("open")).await?;
+        let followed = p.projector.as_mut().expect("open");
+        let from: u64 = followed.positions().iter().sum();
+        followed
+            .catch_up()
+            .await
+            .map_err(|e| format!("catch up: {e}"))?;
+        let caught_up = followed.positions().iter().sum::<u64>() - from;
 
         let rebuilt_path = p.path.with_file_name("projections-rebuilt");
         let rebuilt_db =
@@ -233,8 +232,11 @@ impl World {
             },
         )
         .map_err(|e| format!("open the rebuild: {e}"))?;
-        catch_up(&mut rebuild).await?;
-        *self.coverage.entry(ENTRIES_READ).or_default() += followed as u64;
+        rebuild
+            .catch_up()
+            .await
+            .map_err(|e| format!("rebuild: {e}"))?;
+        *self.coverage.entry(ENTRIES_READ).or_default() += caught_up;
 
         let (a, b) = (
             dump(&db).map_err(|e| format!("dump: {e}"))?,
@@ -275,22 +277,19 @@ impl World {
             .into_iter()
             .map(|(k, p)| (k, comparable(p, pruned)))
             .collect();
-        let keys: std::collections::BTreeSet<&PartitionKey> =
-            projected.keys().chain(live.keys()).collect();
-        for key in keys {
-            match (projected.get(key), live.get(key)) {
-                (Some(a), Some(b)) if a == b => {}
-                (Some(a), Some(b)) => {
-                    return Err(format!(
-                        "{key}: projected and live differ in {}",
-                        differing(a, b)
-                    ))
-                }
-                (Some(_), None) => return Err(format!("{key}: projected, not live")),
-                (None, _) => return Err(format!("{key}: live, not projected")),
-            }
+        let mut out = Vec::new();
+        check::compare(
+            Gate::ProjectionDisagrees,
+            "projected",
+            &projected,
+            "live",
+            &live,
+            &mut out,
+        );
+        match out.into_iter().next() {
+            Some(f) => Err(f.detail),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -310,24 +309,6 @@ fn comparable(mut p: reservoir_core::Partition, pruned: bool) -> reservoir_core:
         p.finished.make_contiguous().sort();
     }
     p
-}
-
-/// The fields in which two partitions differ, with both values.
-fn differing(a: &reservoir_core::Partition, b: &reservoir_core::Partition) -> String {
-    let (Ok(Value::Object(a)), Ok(Value::Object(b))) =
-        (serde_json::to_value(a), serde_json::to_value(b))
-    else {
-        return "(not comparable as JSON)".to_string();
-    };
-    let mut fields = Vec::new();
-    for (name, x) in &a {
-        let y = b.get(name).unwrap_or(&Value::Null);
-        if x != y {
-            let cut = |v: &Value| v.to_string().chars().take(200).collect::<String>();
-            fields.push(format!("{name} ({} / {})", cut(x), cut(y)));
-        }
-    }
-    fields.join(", ")
 }
 
 /// Where two dump entries differ: the column family and key, and each value
@@ -358,17 +339,4 @@ fn first_difference(a: Option<&store::DumpEntry>, b: Option<&store::DumpEntry>) 
         around(a),
         around(b)
     )
-}
-
-/// Steps until a step reads nothing; the entries it read.
-async fn catch_up<L: EventReader>(projector: &mut Projector<L>) -> Result<usize, String> {
-    let mut entries = 0;
-    for _ in 0..CATCH_UP_STEPS_MAX {
-        match projector.step().await {
-            Ok(step) if step.entries == 0 => return Ok(entries),
-            Ok(step) => entries += step.entries,
-            Err(e) => return Err(format!("step: {e}")),
-        }
-    }
-    Err(format!("still reading after {CATCH_UP_STEPS_MAX} steps"))
 }
