@@ -56,7 +56,7 @@ pub use fallback::{Fallback, LocalHold};
 pub use lease::{Lease, Reservation, Settled};
 pub use retry::{Backoff, RetryPolicy};
 pub use scheduler::{
-    Admitted, FairQueue, Permit, SchedulerConfig, StartScheduler, TenantShare, Ticket,
+    Admitted, FairQueue, FairnessGap, Permit, SchedulerConfig, StartScheduler, TenantShare, Ticket,
 };
 pub use shards::ShardBook;
 pub use types::{

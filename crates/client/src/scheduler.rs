@@ -25,6 +25,11 @@ use crate::types::OperationId;
 /// Pass increment of a weight-1 tenant per start.
 const STRIDE: u128 = 1 << 40;
 
+/// A tenant's pass increment per start.
+fn stride(weight: u32) -> u128 {
+    STRIDE / u128::from(weight.max(1))
+}
+
 struct Entry<T> {
     priority: u32,
     seq: u64,
@@ -55,6 +60,8 @@ struct Tenant<T> {
     weight: u32,
     pass: u128,
     starts: u64,
+    /// Times its queue went from empty to waiting.
+    backlogs: u64,
     waiting: BinaryHeap<Entry<T>>,
 }
 
@@ -85,6 +92,47 @@ pub struct TenantShare {
     pub share: f64,
     /// weight ÷ the weights of every tenant seen.
     pub fair_share: f64,
+    /// Its requests waiting now.
+    pub waiting: usize,
+    /// Times its queue went from empty to waiting: two readings with the
+    /// same count, each with requests waiting, mean it waited throughout
+    /// (the stretch [`FairnessGap`] is about).
+    pub backlogs: u64,
+}
+
+/// Two tenants' starts over a stretch in which both had requests waiting
+/// throughout, against the scheduler's fairness budget: their starts per
+/// weight differ by at most two starts of the lighter one,
+/// `|Si/wi - Sj/wj| <= 2/min(wi, wj)`. In pass units, exactly as the
+/// scheduler counts: `gap = |Si*stride_i - Sj*stride_j|`, `budget =
+/// 2*max(stride_i, stride_j)`. Stride scheduling keeps every waiting
+/// tenant's pass within one stride of the last start's, so the gap of any
+/// such stretch stays within the budget, however tenants come, go, cancel
+/// and re-enter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FairnessGap {
+    pub gap: u128,
+    pub budget: u128,
+}
+
+impl FairnessGap {
+    /// `(weight, starts in the stretch)` of each tenant.
+    pub fn between((wi, si): (u32, u64), (wj, sj): (u32, u64)) -> Self {
+        let (stride_i, stride_j) = (stride(wi), stride(wj));
+        FairnessGap {
+            gap: (u128::from(si) * stride_i).abs_diff(u128::from(sj) * stride_j),
+            budget: 2 * stride_i.max(stride_j),
+        }
+    }
+
+    pub fn within(&self) -> bool {
+        self.gap <= self.budget
+    }
+
+    /// The gap as a fraction of the budget (above 1: over it).
+    pub fn used(&self) -> f64 {
+        self.gap as f64 / self.budget as f64
+    }
 }
 
 impl<T> FairQueue<T> {
@@ -121,11 +169,13 @@ impl<T> FairQueue<T> {
             weight,
             pass: 0,
             starts: 0,
+            backlogs: 0,
             waiting: BinaryHeap::new(),
         });
         if t.waiting.is_empty() {
             // Re-entering after idling: no credit for the time away.
             t.pass = t.pass.max(self.virtual_time);
+            t.backlogs += 1;
         }
         self.seq += 1;
         t.waiting.push(Entry {
@@ -165,7 +215,7 @@ impl<T> FairQueue<T> {
             .min_by_key(|(_, t)| t.pass)?;
         let entry = t.waiting.pop().expect("backlogged");
         self.virtual_time = t.pass;
-        t.pass += STRIDE / u128::from(t.weight);
+        t.pass += stride(t.weight);
         t.starts += 1;
         self.len -= 1;
         Some((name.clone(), entry.priority, entry.item))
@@ -191,6 +241,8 @@ impl<T> FairQueue<T> {
                     t.starts as f64 / total as f64
                 },
                 fair_share: f64::from(t.weight) / weights.max(1) as f64,
+                waiting: t.waiting.len(),
+                backlogs: t.backlogs,
             })
             .collect()
     }
@@ -460,11 +512,10 @@ mod tests {
         assert_eq!(q.remove(&popped), None);
     }
 
-    /// The fairness budget: over any stretch in which two tenants both have
-    /// requests waiting, their starts per weight differ by at most two starts
-    /// of the lighter one, |Si/wi - Sj/wj| <= 2/min(wi, wj) (in pass units,
-    /// exactly: |Si*stride_i - Sj*stride_j| <= 2*max(stride_i, stride_j)),
-    /// however tenants come, go, cancel and re-enter.
+    /// The fairness budget ([`FairnessGap`]) holds over any stretch in
+    /// which two tenants both have requests waiting, however tenants come,
+    /// go, cancel and re-enter; and the readings of [`FairQueue::shares`]
+    /// tell such a stretch (both waiting, neither's backlog begun again).
     #[test]
     fn two_waiting_tenants_stay_within_two_starts_of_their_weighted_share() {
         const NAMES: [&str; 4] = ["a", "b", "c", "d"];
@@ -472,7 +523,6 @@ mod tests {
         for seed in 0..300 {
             let mut rng = fastrand::Rng::with_seed(seed);
             let w: Vec<u32> = NAMES.iter().map(|_| rng.u32(1..=8)).collect();
-            let stride: Vec<u128> = w.iter().map(|&w| STRIDE / u128::from(w)).collect();
             let mut q = FairQueue::new(
                 NAMES
                     .iter()
@@ -482,9 +532,11 @@ mod tests {
                 1,
             );
             let mut tickets: Vec<Vec<Ticket>> = vec![Vec::new(); NAMES.len()];
-            let mut starts = [0u128; NAMES.len()];
+            let mut starts = [0u64; NAMES.len()];
             // For each pair both waiting: their starts when that began.
-            let mut since: BTreeMap<(usize, usize), (u128, u128)> = BTreeMap::new();
+            let mut since: BTreeMap<(usize, usize), (u64, u64)> = BTreeMap::new();
+            // Each tenant's backlog count when it was last read.
+            let mut backlogs = [0u64; NAMES.len()];
             for _ in 0..2_000 {
                 match rng.u8(0..10) {
                     0..=3 => {
@@ -505,27 +557,40 @@ mod tests {
                         }
                     }
                 }
-                let waiting: Vec<bool> = NAMES
-                    .iter()
-                    .map(|n| q.tenants.get(*n).is_some_and(|t| !t.waiting.is_empty()))
+                let shares = q.shares();
+                let read = |i: usize| shares.iter().find(|s| s.tenant == NAMES[i]);
+                let waiting: Vec<bool> = (0..NAMES.len())
+                    .map(|i| {
+                        let inside = q
+                            .tenants
+                            .get(NAMES[i])
+                            .is_some_and(|t| !t.waiting.is_empty());
+                        assert_eq!(read(i).map_or(0, |s| s.waiting) > 0, inside);
+                        inside
+                    })
                     .collect();
                 for ((i, j), (si, sj)) in &since {
-                    let (di, dj) = (starts[*i] - si, starts[*j] - sj);
-                    let gap = (di * stride[*i]).abs_diff(dj * stride[*j]);
-                    let budget = 2 * stride[*i].max(stride[*j]);
+                    let gap =
+                        FairnessGap::between((w[*i], starts[*i] - si), (w[*j], starts[*j] - sj));
                     assert!(
-                        gap <= budget,
-                        "seed {seed}: {} ({}x{}) and {} ({}x{}): gap {gap} over budget {budget}",
+                        gap.within(),
+                        "seed {seed}: {} ({}x{}) and {} ({}x{}): {gap:?}",
                         NAMES[*i],
-                        di,
+                        starts[*i] - si,
                         w[*i],
                         NAMES[*j],
-                        dj,
+                        starts[*j] - sj,
                         w[*j]
                     );
-                    worst = worst.max(gap as f64 / budget as f64);
+                    worst = worst.max(gap.used());
                 }
                 since.retain(|(i, j), _| waiting[*i] && waiting[*j]);
+                for (i, seen) in backlogs.iter_mut().enumerate() {
+                    let now = read(i).map_or(0, |s| s.backlogs);
+                    // A backlog begins again only after the tenant's queue emptied.
+                    assert!(now == *seen || !since.keys().any(|&(a, b)| a == i || b == i));
+                    *seen = now;
+                }
                 for i in 0..NAMES.len() {
                     for j in i + 1..NAMES.len() {
                         if waiting[i] && waiting[j] {
