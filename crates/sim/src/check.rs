@@ -84,10 +84,14 @@ pub enum Gate {
     /// database), from the ledger (a partition it projected), or found an
     /// event it could not apply (`run`'s `projection`).
     ProjectionDisagrees,
+    /// The client gateway's start scheduler gave two tenants that both
+    /// waited throughout a stretch starts further from their weights than
+    /// its fairness budget (`run`'s `client_gateway::fairness`).
+    SchedulerOverBudget,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 22] = [
+    pub const ALL: [Gate; 23] = [
         Gate::Conservation,
         Gate::MovePairs,
         Gate::AvailableNegative,
@@ -110,6 +114,7 @@ impl Gate {
         Gate::DuplicateRemint,
         Gate::RemintUnbacked,
         Gate::ProjectionDisagrees,
+        Gate::SchedulerOverBudget,
     ];
 
     /// The gate called `name` (as [`Gate::name`] spells it).
@@ -141,6 +146,7 @@ impl Gate {
             Gate::DuplicateRemint => "duplicate_remint",
             Gate::RemintUnbacked => "remint_unbacked",
             Gate::ProjectionDisagrees => "projection_disagrees",
+            Gate::SchedulerOverBudget => "scheduler_over_budget",
         }
     }
 }

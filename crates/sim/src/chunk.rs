@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::check::Gate;
-use crate::report::Summary;
+use crate::report::{StartFigures, Summary};
 use crate::workload::TENANTS;
 
 /// The one format this code writes and reads.
@@ -54,6 +54,10 @@ pub struct Chunk {
     pub unknown_bounds: Option<(u64, u64, u64, u64)>,
     pub admitted: Vec<u64>,
     pub demand: Vec<u64>,
+    /// The client gateway's start scheduler (absent from chunks run before
+    /// the simulator ran it: zeros).
+    #[serde(default)]
+    pub starts: StartFigures,
     pub coverage: BTreeMap<String, u64>,
     pub wall_s: f64,
 }
@@ -81,6 +85,7 @@ impl Chunk {
             unknown_bounds: None,
             admitted: s.admitted.to_vec(),
             demand: s.demand.to_vec(),
+            starts: s.starts.clone(),
             coverage: s.coverage.clone(),
             wall_s: s.wall.as_secs_f64(),
         }
@@ -126,6 +131,7 @@ impl Chunk {
             unknown_bounded_samples: bounded,
             admitted: tenants(&self.admitted, "admitted")?,
             demand: tenants(&self.demand, "demand")?,
+            starts: self.starts.clone(),
             coverage: self.coverage.clone(),
             failures: self.failures.clone(),
             trace_hashes: BTreeMap::new(),
@@ -162,7 +168,10 @@ impl Chunk {
             if cells[0].starts_with("---") {
                 continue;
             }
-            if matches!(cells[0], "gate" | "figure" | "tenant" | "exercised") {
+            if matches!(
+                cells[0],
+                "gate" | "figure" | "tenant" | "scheduled tenant" | "exercised"
+            ) {
                 section = cells[0];
                 continue;
             }
@@ -235,6 +244,7 @@ impl Chunk {
             )),
             admitted,
             demand,
+            starts: StartFigures::default(),
             coverage,
             wall_s,
         };

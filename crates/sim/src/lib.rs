@@ -60,7 +60,14 @@
 //!   they are, nothing more leaves it (a background step fails at once),
 //!   copies the network holds still land; its calls are orphaned for the
 //!   ledger's sweeper to end, and a new process (new boot epoch, empty
-//!   book, new client) carries on.
+//!   book, new client) carries on. Its RESERVED calls wait for their turn
+//!   in the client crate's `StartScheduler` (one or two provider calls at
+//!   once, weighted by the tenants' weights; now and then a caller stops
+//!   waiting first, and the reservation goes back), and gate
+//!   `scheduler_over_budget` holds the scheduler to its fairness budget
+//!   (`reservoir_client::FairnessGap`) over every stretch in which two
+//!   tenants both waited throughout, read after each stretch of its tasks
+//!   running (`client_gateway::fairness`).
 //! - An operator publishing new generations and rolling back, with
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved
@@ -158,8 +165,9 @@
 //! ## What is not simulated yet
 //! A socket between gateway and ledger (the client gateway's HTTP is the
 //! server's router called in process; the other gateways' bodies go through
-//! the server's translations); the client crate's fair start scheduler and
-//! its owner routing in cluster mode; a client gateway that keeps its
+//! the server's translations); the client crate's owner routing in cluster
+//! mode; the start scheduler at any other gateway than the client gateway
+//! (the other gateways start as soon as they are answered); a client gateway that keeps its
 //! unresolved calls across a restart (a restarted one orphans them);
 //! shards that carve a route's token dimensions (a shard of
 //! `chat` carves requests only: a cut-off gateway's tokens are not bounded
@@ -245,6 +253,11 @@
 //!   the gateway's counted input when the provider reported none (a body
 //!   translation that drops a field), which only a stream cancelled before
 //!   `message_start` makes; the model keeps what the gateway meant.
+//! - `projector-skips`: what the projector *reads*: the followed projector
+//!   loses one entry of the log, so its database is no longer a rebuild's.
+//! - `scheduler-weights-swapped`: what the client gateway's scheduler is
+//!   *configured* with: the tenants' weights the wrong way round (a table
+//!   keyed by the wrong names), so the lighter tenant's calls start ahead.
 
 /// The allocator of everything that links this crate: the `reservoir-sim`
 /// binary and the test binary (the CI run is the simulator's largest user).

@@ -39,7 +39,7 @@ struct Cli {
     /// Rounds per interleaving, before the quiet drain.
     #[arg(long, default_value_t = 200)]
     steps: usize,
-    /// Plants a known bug: double-refund, debt-not-carried, lost-write, index-forgets, shard-after-restart or input-uncounted.
+    /// Plants a known bug: double-refund, debt-not-carried, lost-write, index-forgets, shard-after-restart, input-uncounted, fallback-after-send, projector-skips or scheduler-weights-swapped.
     #[arg(long, value_parser = parse_plant)]
     plant: Option<Plant>,
     /// One run: prints its whole trace, not only the last lines.

@@ -18,11 +18,19 @@
 //!   weight under contention; the ledger has no shared pool, so a tenant
 //!   whose own bucket is empty is refused even when another's is not, and
 //!   that shows as error too.
+//! - Scheduled tenants: the client gateway's start scheduler (the client
+//!   crate's `StartScheduler`): each tenant's starts, and the worst stretch
+//!   in which it waited throughout beside another tenant, as a fraction of
+//!   the fairness budget (`reservoir_client::FairnessGap`; above 1 is a
+//!   finding of gate `scheduler_over_budget`). This is the fairness a
+//!   scheduler owes: among requests the ledger already admitted, starts in
+//!   proportion to weight while tenants compete.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::check::Gate;
@@ -49,12 +57,39 @@ pub struct Summary {
     pub unknown_bounded_samples: u64,
     pub admitted: [u64; TENANTS.len()],
     pub demand: [u64; TENANTS.len()],
+    pub starts: StartFigures,
     pub coverage: BTreeMap<String, u64>,
     /// (seed, first finding) of the first failing runs.
     pub failures: Vec<(u64, String)>,
     /// Each run's trace hash, by seed: what [`Summary::runs_digest`] hashes.
     pub trace_hashes: BTreeMap<u64, String>,
     pub wall: Duration,
+}
+
+/// The client gateway's start scheduler, against its fairness budget
+/// (`run`'s `client_gateway::fairness`), over a run or many.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartFigures {
+    /// Starts it gave each tenant.
+    pub starts: [u64; TENANTS.len()],
+    /// Stretches judged: (reading, pair of tenants that both waited since
+    /// an earlier reading).
+    pub judged: u64,
+    /// Per tenant: the largest gap of a stretch it waited in beside another
+    /// tenant, in per-mille of the budget (rounded up; above 1,000: over).
+    pub worst_per_mille: [u64; TENANTS.len()],
+}
+
+impl StartFigures {
+    pub fn merge(&mut self, other: &StartFigures) {
+        for (total, n) in self.starts.iter_mut().zip(other.starts) {
+            *total += n;
+        }
+        self.judged += other.judged;
+        for (worst, w) in self.worst_per_mille.iter_mut().zip(other.worst_per_mille) {
+            *worst = (*worst).max(w);
+        }
+    }
 }
 
 /// Failing runs kept for the report.
@@ -87,6 +122,7 @@ impl Summary {
         for (total, n) in self.demand.iter_mut().zip(o.demand) {
             *total += n;
         }
+        self.starts.merge(&o.starts);
         for (&what, &n) in &o.coverage {
             // A name is allocated once per summary, not once per run.
             match self.coverage.get_mut(what) {
@@ -169,6 +205,7 @@ impl Summary {
         for (total, n) in self.demand.iter_mut().zip(other.demand) {
             *total += n;
         }
+        self.starts.merge(&other.starts);
         for (what, n) in other.coverage {
             *self.coverage.entry(what).or_default() += n;
         }
@@ -268,6 +305,28 @@ impl Summary {
                 s,
                 "| {name} | {weight} | {demand} | {} | {fair:.1} % | {share:.1} % | {error:+.1} pp |",
                 self.admitted[i]
+            );
+        }
+        let _ = writeln!(s);
+        let all: u64 = self.starts.starts.iter().sum();
+        let _ = writeln!(
+            s,
+            "| scheduled tenant | weight | starts | start share | worst stretch ({} judged) |",
+            self.starts.judged
+        );
+        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: |");
+        for (i, t) in TENANTS.iter().enumerate() {
+            let share = match all {
+                0 => 0.0,
+                all => 100.0 * self.starts.starts[i] as f64 / all as f64,
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {share:.1} % | {:.3} of the budget |",
+                t.name,
+                t.weight,
+                self.starts.starts[i],
+                self.starts.worst_per_mille[i] as f64 / 1000.0
             );
         }
         let _ = writeln!(s);

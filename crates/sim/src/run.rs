@@ -79,10 +79,15 @@ pub enum Plant {
     /// reader that lost one, or a cursor moved one too far): its database is
     /// no longer the rebuild's (needs a run with the projector).
     ProjectorSkips,
+    /// The client gateway's start scheduler is given the tenants' weights
+    /// the wrong way round (t-a weighs 3, t-c 1: a table keyed by the wrong
+    /// names): it starts the lighter tenant's calls ahead of the heavier's
+    /// (needs the client gateway).
+    SchedulerWeightsSwapped,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 8] = [
+    pub const ALL: [Plant; 9] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
@@ -91,6 +96,7 @@ impl Plant {
         Plant::InputUncounted,
         Plant::FallbackAfterSend,
         Plant::ProjectorSkips,
+        Plant::SchedulerWeightsSwapped,
     ];
 
     pub fn name(self) -> &'static str {
@@ -103,6 +109,7 @@ impl Plant {
             Plant::InputUncounted => "input-uncounted",
             Plant::FallbackAfterSend => "fallback-after-send",
             Plant::ProjectorSkips => "projector-skips",
+            Plant::SchedulerWeightsSwapped => "scheduler-weights-swapped",
         }
     }
 
@@ -211,6 +218,8 @@ pub struct RunOutcome {
     pub admitted: [u64; TENANTS.len()],
     /// Calls per tenant (each asks for one reservation): the demand.
     pub demand: [u64; TENANTS.len()],
+    /// The client gateway's start scheduler against its fairness budget.
+    pub starts: crate::report::StartFigures,
     /// How often each path was taken (faults, restarts, event types in the log).
     pub coverage: BTreeMap<&'static str, u64>,
 }
@@ -334,6 +343,8 @@ struct World {
     stream_cancel: bool,
     /// The client gateway (`None` with `--no-client-gateway`).
     client: Option<ClientSide>,
+    /// Its start scheduler, judged against the fairness budget.
+    fairness: client_gateway::FairnessWatch,
     /// The projector following the log (`None` with `--no-projector`).
     projection: Option<Projection>,
     /// A snapshot being taken this round: its cut, and each shard's part.
@@ -411,10 +422,21 @@ impl World {
             false => None,
         };
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
-        let client = config.client_gateway.then(|| {
-            let ledger = client_gateway::LedgerHttp::new(node.writers.clone());
-            ClientSide::new(&node.clock, ledger, &gateways)
-        });
+        let client = match config.client_gateway {
+            true => {
+                let ledger = client_gateway::LedgerHttp::new(node.writers.clone());
+                let concurrency = rng.range(1, 2) as usize;
+                let swapped = config.plant == Some(Plant::SchedulerWeightsSwapped);
+                Some(ClientSide::new(
+                    &node.clock,
+                    ledger,
+                    &gateways,
+                    concurrency,
+                    swapped,
+                ))
+            }
+            false => None,
+        };
         let lines = TENANTS
             .iter()
             .enumerate()
@@ -443,6 +465,7 @@ impl World {
             chat_shards: config.chat_shards,
             stream_cancel: config.stream_cancel,
             client,
+            fairness: Default::default(),
             projection,
             taking: None,
             delayed: Vec::new(),
@@ -802,6 +825,7 @@ impl World {
             unknown_resolved_ms: self.unknown_resolved_ms,
             admitted: self.admitted,
             demand: self.demand,
+            starts: self.fairness.figures,
             coverage: self.coverage,
         }
     }

@@ -84,6 +84,7 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         // A call admitted from a shard and debited by the ledger.
         Plant::FallbackAfterSend => &[Gate::ModelDisagrees],
         Plant::ProjectorSkips => &[Gate::ProjectionDisagrees],
+        Plant::SchedulerWeightsSwapped => &[Gate::SchedulerOverBudget],
     }
 }
 

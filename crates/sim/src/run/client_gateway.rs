@@ -33,16 +33,22 @@
 //! kept in the reference model (the call's `told`), which the checker holds
 //! against the ledger after every round, as for the other gateways.
 //!
+//! Its calls, once RESERVED, wait for their turn in the client crate's start
+//! scheduler (one or two provider calls at once), and now and then a caller
+//! stops waiting before its turn came; [`fairness`] holds the scheduler to
+//! its fairness budget.
+//!
 //! - [`wire`]: the transport and timer, and the router's side of the wire.
 //! - [`task`]: one call as its own task, and what it reports.
 //! - [`reports`]: the reports taken into the model and the shards' tally.
+//! - [`fairness`]: the start scheduler against its fairness budget.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use reservoir_client::transport::Exchange;
-use reservoir_client::{Client, ReserveRequest};
+use reservoir_client::{Client, ReserveRequest, SchedulerConfig, StartScheduler};
 use reservoir_server::clock::{Clock, ManualClock};
 use serde_json::Value;
 
@@ -54,11 +60,16 @@ pub(super) const CLIENT_GATEWAY: usize = GATEWAYS;
 const BASE: &str = "http://ledger";
 /// Yields for the client's tasks to run to their next request or wait.
 const CLIENT_YIELDS: usize = 8;
+/// Calls the client gateway keeps open at once: more than its scheduler
+/// starts at once, so tenants wait for their turn.
+const CLIENT_CALLS: usize = 8;
 
+mod fairness;
 mod reports;
 mod task;
 mod wire;
 
+pub(super) use fairness::FairnessWatch;
 use task::{CallTask, Plan, PlanName, Report, Reports};
 use wire::{route, HttpRequest, InFlight, Sent, Shared};
 
@@ -87,6 +98,8 @@ impl LedgerHttp {
 /// The client gateway's side of the world.
 pub(super) struct ClientSide {
     client: Client,
+    /// Which of its RESERVED calls starts next (`fairness`).
+    scheduler: StartScheduler,
     shared: Shared,
     ledger: LedgerHttp,
     reports: Reports,
@@ -103,10 +116,14 @@ pub(super) struct ClientSide {
 }
 
 impl ClientSide {
+    /// `concurrency`: provider calls it runs at once; `swapped`: the
+    /// planted bug's weights (`Plant::SchedulerWeightsSwapped`).
     pub(super) fn new(
         clock: &ManualClock,
         ledger: LedgerHttp,
         gateways: &[super::shards::Gateway],
+        concurrency: usize,
+        swapped: bool,
     ) -> Self {
         let shared = Shared {
             wire: Arc::default(),
@@ -127,8 +144,22 @@ impl ClientSide {
             .timer(Arc::new(shared.clone()))
             .fallback(book.clone())
             .build();
+        let weights = TENANTS
+            .iter()
+            .zip(TENANTS.iter().rev())
+            .map(|(t, other)| {
+                let weight = if swapped { other.weight } else { t.weight };
+                (t.name.to_string(), weight as u32)
+            })
+            .collect();
+        let scheduler = StartScheduler::new(SchedulerConfig {
+            concurrency,
+            weights,
+            ..SchedulerConfig::default()
+        });
         ClientSide {
             client,
+            scheduler,
             shared,
             ledger,
             reports: Arc::default(),
@@ -248,7 +279,16 @@ impl World {
             .or_default() += orphaned;
         self.restart_gateway(CLIENT_GATEWAY);
         self.count("client gateway restart");
-        let mut new = ClientSide::new(&self.node.clock, old.ledger.clone(), &self.gateways);
+        self.fairness.restart();
+        let concurrency = self.rng.range(1, 2) as usize;
+        let swapped = self.plant == Some(Plant::SchedulerWeightsSwapped);
+        let mut new = ClientSide::new(
+            &self.node.clock,
+            old.ledger.clone(),
+            &self.gateways,
+            concurrency,
+            swapped,
+        );
         new.delayed = std::mem::take(&mut old.delayed);
         self.client = Some(new);
     }
@@ -262,12 +302,13 @@ impl World {
         }
         self.client_reports();
         let open = self.client.as_ref().map_or(0, |s| s.open);
-        if !self.quiet && open < CALLS_PER_GATEWAY && self.rng.chance(400) {
+        if !self.quiet && open < CLIENT_CALLS && self.rng.chance(400) {
             self.client_call();
         }
         for _ in 0..CLIENT_YIELDS {
             tokio::task::yield_now().await;
         }
+        self.read_scheduler();
         let (round, quiet) = (self.round, self.quiet);
         let Some(side) = self.client.as_mut() else {
             return Vec::new();
@@ -409,6 +450,7 @@ impl World {
             tokio::task::yield_now().await;
         }
         self.client_reports();
+        self.read_scheduler();
     }
 
     /// A new call of the client gateway, its plan drawn now, run as its own task.
@@ -452,17 +494,26 @@ impl World {
                 }
             }
         };
+        // Now and then its caller stops waiting for its turn to start.
+        let patience = (!release && self.rng.chance(100))
+            .then(|| Duration::from_millis(self.rng.range(200, 6_000)));
         let id = reservoir_client::ReservationId::new(self.calls[c].id.as_str())
             .expect("the simulator's ids are valid");
         self.note(format!(
-            "  {id} client call: {plan:?}",
+            "  {id} client call: {plan:?}{}",
+            patience.map_or(String::new(), |p| format!(
+                ", waits {} ms for its turn",
+                p.as_millis()
+            )),
             plan = PlanName(&plan)
         ));
         self.count("client calls");
         let side = self.client.as_mut().expect("the client side");
         side.open += 1;
-        let (client, book, reports, closed) = (
+        let (client, scheduler, timer, book, reports, closed) = (
             side.client.clone(),
+            side.scheduler.clone(),
+            side.shared.clone(),
             side.book.clone(),
             side.reports.clone(),
             side.shared.closed.clone(),
@@ -470,12 +521,14 @@ impl World {
         let task = tokio::spawn(async move {
             let task = CallTask {
                 client: &client,
+                scheduler: &scheduler,
+                timer: &timer,
                 book: &book,
                 reports: &reports,
                 closed: &closed,
                 c,
             };
-            task.run(id, request, plan).await;
+            task.run(id, request, plan, patience).await;
             reports.lock().expect("reports").push((c, Report::Ended));
         });
         side.tasks.push(task);

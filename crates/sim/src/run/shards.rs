@@ -185,6 +185,11 @@ impl World {
                 }
             }
         }
+        // What the client gateway's tasks did since they last reported (they
+        // run whenever the world awaits, the sweeper's collection included):
+        // a call its client admitted from a shard holds it open in the book
+        // before the world hears of it.
+        self.client_reports();
         for s in 0..self.shards.len() {
             let shard = &self.shards[s];
             let reachable = self.gateways[shard.gateway].cut_off == 0;

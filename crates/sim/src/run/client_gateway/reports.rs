@@ -9,7 +9,7 @@ use super::*;
 
 impl World {
     /// What the client's tasks reported, into the model, in order.
-    pub(super) fn client_reports(&mut self) {
+    pub(in crate::run) fn client_reports(&mut self) {
         let Some(side) = self.client.as_mut() else {
             return;
         };
@@ -69,6 +69,21 @@ impl World {
                     self.note(format!(
                         "  {id} client: admitted locally, {units} of {shard}"
                     ));
+                }
+                Report::Queued => self.note(format!("  {id} client: waits for its turn")),
+                Report::Admitted => self.note(format!("  {id} client: its turn to start")),
+                Report::GaveUp => {
+                    // As a release: the client gives the reservation (or the
+                    // shard's units) back in the background.
+                    self.calls[c].release = true;
+                    if let Some((s, units)) = self.calls[c].local {
+                        self.shards[s].open -= units;
+                        if let Some(side) = self.client.as_mut() {
+                            side.local_open.remove(&c);
+                        }
+                    }
+                    self.count("client caller stopped waiting for its turn");
+                    self.note(format!("  {id} client: stopped waiting for its turn"));
                 }
                 Report::Started => {
                     if let Some(told) = self.calls[c].told.as_mut() {

@@ -5,7 +5,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use reservoir_client::{Client, Error as ClientError, Receipt, ReserveRequest, Settlement};
+use std::time::Duration;
+
+use reservoir_client::transport::Timer;
+use reservoir_client::{
+    Client, Error as ClientError, Receipt, ReserveRequest, Settlement, StartScheduler,
+};
 use serde_json::Value;
 
 use crate::run::{Arc, Usage};
@@ -20,6 +25,13 @@ pub(super) enum Report {
         shard: String,
         units: u64,
     },
+    /// RESERVED, it waits for its turn in the start scheduler.
+    Queued,
+    /// Its turn came.
+    Admitted,
+    /// Its caller stopped waiting before its turn came: it left the queue
+    /// and the client gives the reservation back in the background.
+    GaveUp,
     Started,
     /// The step's outcome is unknown to the gateway (a reserve without an
     /// answer, a settle that may have happened).
@@ -61,6 +73,8 @@ pub(super) enum Plan {
 /// What a call's task works with.
 pub(super) struct CallTask<'a> {
     pub(super) client: &'a Client,
+    pub(super) scheduler: &'a StartScheduler,
+    pub(super) timer: &'a dyn Timer,
     pub(super) book: &'a reservoir_client::ShardBook,
     pub(super) reports: &'a Reports,
     pub(super) closed: &'a AtomicBool,
@@ -70,14 +84,16 @@ pub(super) struct CallTask<'a> {
 impl CallTask<'_> {
     /// One call of the client gateway, as a gateway writes it with the client:
     /// reserve (resolving an UNKNOWN by asking again, and then giving the
-    /// reservation back: its caller stopped waiting), start, stream, settle (a
-    /// settle whose outcome is unknown repeated with the same amount), or drop
-    /// the lease mid-stream.
+    /// reservation back: its caller stopped waiting), wait for its turn in the
+    /// start scheduler (at most `patience`, if the caller has a limit), start,
+    /// stream, settle (a settle whose outcome is unknown repeated with the
+    /// same amount), or drop the lease mid-stream.
     pub(super) async fn run(
         &self,
         id: reservoir_client::ReservationId,
         request: ReserveRequest,
         plan: Plan,
+        patience: Option<Duration>,
     ) {
         let (client, reports, closed, c) = (self.client, self.reports, self.closed, self.c);
         let say = |report: Report| reports.lock().expect("reports").push((c, report));
@@ -142,7 +158,23 @@ impl CallTask<'_> {
                 refused,
             } => (events, cut, refused, None),
         };
-        let mut lease = match reservation.start().await {
+        say(Report::Queued);
+        let turn = self.scheduler.admit(reservation);
+        let admitted = match patience {
+            None => turn.await,
+            // `biased`: a turn that came as the patience ran out is taken.
+            Some(patience) => tokio::select! {
+                biased;
+                admitted = turn => admitted,
+                () = self.timer.sleep(patience) => return say(Report::GaveUp),
+            },
+        };
+        let admitted = match admitted {
+            Ok(admitted) => admitted,
+            Err(e) => return say(Report::Failed("admit", e)),
+        };
+        say(Report::Admitted);
+        let mut lease = match admitted.start().await {
             Ok(lease) => lease,
             Err(e) => {
                 return say(Report::StartFailed(
