@@ -88,10 +88,14 @@ pub enum Gate {
     /// waited throughout a stretch starts further from their weights than
     /// its fairness budget (`run`'s `client_gateway::fairness`).
     SchedulerOverBudget,
+    /// `reservoir-replay verify` (the audit tool's engine and comparison)
+    /// found something in the log, or differs from the followed projector's
+    /// database (`run`'s `replay`).
+    ReplayDisagrees,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 23] = [
+    pub const ALL: [Gate; 24] = [
         Gate::Conservation,
         Gate::MovePairs,
         Gate::AvailableNegative,
@@ -115,6 +119,7 @@ impl Gate {
         Gate::RemintUnbacked,
         Gate::ProjectionDisagrees,
         Gate::SchedulerOverBudget,
+        Gate::ReplayDisagrees,
     ];
 
     /// The gate called `name` (as [`Gate::name`] spells it).
@@ -147,6 +152,7 @@ impl Gate {
             Gate::RemintUnbacked => "remint_unbacked",
             Gate::ProjectionDisagrees => "projection_disagrees",
             Gate::SchedulerOverBudget => "scheduler_over_budget",
+            Gate::ReplayDisagrees => "replay_disagrees",
         }
     }
 }

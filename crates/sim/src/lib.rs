@@ -110,6 +110,10 @@
 //!   a projector rebuilt from the whole log byte for byte, and the ledger's
 //!   live partitions; it draws from a generator of its own, so the world's
 //!   interleavings are the same with it or without (`--no-projector`).
+//!   Then `reservoir-replay verify` ([`run`]'s `replay`: the audit tool's
+//!   engine and comparison) re-derives every partition from the log and
+//!   must find nothing in it and equal the projector's database, every
+//!   balance and record (gate `replay_disagrees`).
 //! - The idempotency index (`RetiredIndex`, RocksDB) is the real one, in a
 //!   temporary directory per run (in `/dev/shm` where there is one): records
 //!   leave memory after a 20 s window and retries are answered from it. It
@@ -174,7 +178,8 @@
 //! by it, and not recorded on reconcile); several nodes and Kafka
 //! ownership (beyond the one zombie above); the projector's Kafka-side
 //! fence (records of a fenced writer that landed: the memory log refuses
-//! them at the append); `reservoir-replay`; a gate for "UNKNOWN never counted as unused" beyond core's
+//! them at the append); `reservoir-replay`'s other commands (its `verify`
+//! runs, see the projector above; `audit`, `state` and `export` do not); a gate for "UNKNOWN never counted as unused" beyond core's
 //! state machine (which has no edge from a started call to a refund). The
 //! serving loop of `reservoir_server::start_with_clock` (recover → writers →
 //! re-claim on doubt) is re-stated in [`node`] rather than shared, so a
@@ -255,6 +260,8 @@
 //!   `message_start` makes; the model keeps what the gateway meant.
 //! - `projector-skips`: what the projector *reads*: the followed projector
 //!   loses one entry of the log, so its database is no longer a rebuild's.
+//! - `replay-skips`: what the audit tool *reads*: `reservoir-replay
+//!   verify` loses one entry of the log, so its engine finds a gap.
 //! - `scheduler-weights-swapped`: what the client gateway's scheduler is
 //!   *configured* with: the tenants' weights the wrong way round (a table
 //!   keyed by the wrong names), so the lighter tenant's calls start ahead.

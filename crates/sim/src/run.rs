@@ -35,6 +35,7 @@ mod faults;
 mod gateway;
 mod operator;
 mod projection;
+mod replay;
 mod shard_answers;
 mod shards;
 mod stream;
@@ -84,10 +85,15 @@ pub enum Plant {
     /// names): it starts the lighter tenant's calls ahead of the heavier's
     /// (needs the client gateway).
     SchedulerWeightsSwapped,
+    /// `reservoir-replay verify` reads the log without one entry (as
+    /// `projector-skips`, on the audit tool's side): its engine finds a gap,
+    /// or its partitions differ from the projection (needs a run with the
+    /// projector).
+    ReplaySkips,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 9] = [
+    pub const ALL: [Plant; 10] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
@@ -97,6 +103,7 @@ impl Plant {
         Plant::FallbackAfterSend,
         Plant::ProjectorSkips,
         Plant::SchedulerWeightsSwapped,
+        Plant::ReplaySkips,
     ];
 
     pub fn name(self) -> &'static str {
@@ -110,6 +117,7 @@ impl Plant {
             Plant::FallbackAfterSend => "fallback-after-send",
             Plant::ProjectorSkips => "projector-skips",
             Plant::SchedulerWeightsSwapped => "scheduler-weights-swapped",
+            Plant::ReplaySkips => "replay-skips",
         }
     }
 
@@ -292,6 +300,9 @@ async fn run_async(seed: u64, config: &RunConfig) -> RunOutcome {
     if world.findings.is_empty() {
         world.check(round, true).await;
         world.check_projection(round).await;
+        if world.findings.is_empty() {
+            world.check_replay(round).await;
+        }
         let left = world.unresolved();
         if left > 0 {
             world.findings.push(finding(

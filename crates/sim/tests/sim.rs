@@ -85,6 +85,7 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         Plant::FallbackAfterSend => &[Gate::ModelDisagrees],
         Plant::ProjectorSkips => &[Gate::ProjectionDisagrees],
         Plant::SchedulerWeightsSwapped => &[Gate::SchedulerOverBudget],
+        Plant::ReplaySkips => &[Gate::ReplayDisagrees],
     }
 }
 

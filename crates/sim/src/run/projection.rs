@@ -128,6 +128,15 @@ impl Projection {
         Ok(Some(projection))
     }
 
+    /// Its database (the tool's verify reads it, `run`'s `replay`).
+    pub(super) fn db(&self) -> Arc<DB> {
+        self.db.clone().expect("open")
+    }
+
+    pub(super) fn log(&self) -> Arc<SimLog> {
+        self.log.clone()
+    }
+
     /// The projector over the database as committed; with `close`, the
     /// database is closed and opened again first (a process restart).
     fn reopen(&mut self, close: bool) -> Result<(), String> {
