@@ -15,7 +15,13 @@ import pytest
 
 from conftest import assert_conserved, publish
 from reservoir_client import AsyncReservoir
-from reservoir_client.scheduler import STRIDE, AsyncStartScheduler, FairQueue, QueueFull, StartScheduler
+from reservoir_client.scheduler import (
+    AsyncStartScheduler,
+    FairnessGap,
+    FairQueue,
+    QueueFull,
+    StartScheduler,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -60,20 +66,21 @@ def test_an_idle_tenant_reenters_without_banked_credit() -> None:
 
 
 def test_two_waiting_tenants_stay_within_two_starts_of_their_weighted_share() -> None:
-    """The fairness budget, as in the Rust client: over any stretch in which
-    two tenants both have requests waiting, |Si*stride_i - Sj*stride_j| <=
-    2*max(stride_i, stride_j), i.e. their starts per weight differ by at most
-    two starts of the lighter one, however tenants come, go and cancel."""
+    """The fairness budget (:class:`FairnessGap`), as in the Rust client: over
+    any stretch in which two tenants both have requests waiting, their starts
+    per weight differ by at most two starts of the lighter one, however
+    tenants come, go and cancel; and ``shares()`` tells such a stretch (both
+    waiting, neither's backlog begun again)."""
     names = ["a", "b", "c", "d"]
     worst = 0.0
     for seed in range(100):
         rng = random.Random(seed)
         weights = {n: rng.randint(1, 8) for n in names}
-        stride = {n: STRIDE // w for n, w in weights.items()}
         q: FairQueue[object] = FairQueue(weights)
         waiting: dict[str, list[object]] = {n: [] for n in names}
         starts = Counter[str]()
         since: dict[tuple[str, str], tuple[int, int]] = {}
+        backlogs = Counter[str]()
         for _ in range(1_000):
             op = rng.randrange(10)
             if op <= 3:
@@ -91,12 +98,21 @@ def test_two_waiting_tenants_stay_within_two_starts_of_their_weighted_share() ->
                 if waiting[n]:
                     item = waiting[n].pop(rng.randrange(len(waiting[n])))
                     assert q.remove(item)
+            read = {s.tenant: s for s in q.shares()}
+            for n in names:
+                assert (read[n].waiting if n in read else 0) == len(waiting[n])
             for (i, j), (si, sj) in since.items():
-                gap = abs((starts[i] - si) * stride[i] - (starts[j] - sj) * stride[j])
-                budget = 2 * max(stride[i], stride[j])
-                assert gap <= budget, (seed, i, j, gap, budget)
-                worst = max(worst, gap / budget)
+                gap = FairnessGap.between(
+                    (weights[i], starts[i] - si), (weights[j], starts[j] - sj)
+                )
+                assert gap.within(), (seed, i, j, gap)
+                worst = max(worst, gap.used())
             since = {p: v for p, v in since.items() if waiting[p[0]] and waiting[p[1]]}
+            for n in names:
+                now = read[n].backlogs if n in read else 0
+                # A backlog begins again only after the tenant's queue emptied.
+                assert now == backlogs[n] or not any(n in p for p in since)
+                backlogs[n] = now
             for i in names:
                 for j in names:
                     if i < j and waiting[i] and waiting[j]:

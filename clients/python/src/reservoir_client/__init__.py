@@ -48,7 +48,14 @@ from .errors import (
 from .max_tokens import requested_max_tokens, with_default_max_tokens
 from .meter import StreamMeter, default_estimate_tokens
 from .retry import RetryPolicy
-from .scheduler import AsyncStartScheduler, FairQueue, QueueFull, StartScheduler, TenantShare
+from .scheduler import (
+    AsyncStartScheduler,
+    FairnessGap,
+    FairQueue,
+    QueueFull,
+    StartScheduler,
+    TenantShare,
+)
 from .shards import LocalReceipt, ReconcileOutcome, ShardBook, ShardBooks, ShardDocument, ShardRefused
 from .stream import AsyncGuardedStream, GuardedStream, guarded_stream
 from .types import DimensionReceipt, LogPosition, PartitionView, Receipt, SizingReceipt, Usage, WouldRefuse
@@ -62,6 +69,7 @@ __all__ = [
     "CapacityRefused",
     "DimensionReceipt",
     "FairQueue",
+    "FairnessGap",
     "Forbidden",
     "GuardedStream",
     "IdempotencyConflict",

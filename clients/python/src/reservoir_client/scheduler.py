@@ -37,7 +37,14 @@ import anyio
 
 from .errors import ReservoirError
 
-__all__ = ["AsyncStartScheduler", "FairQueue", "QueueFull", "StartScheduler", "TenantShare"]
+__all__ = [
+    "AsyncStartScheduler",
+    "FairQueue",
+    "FairnessGap",
+    "QueueFull",
+    "StartScheduler",
+    "TenantShare",
+]
 
 #: Pass increment of a weight-1 tenant per start.
 STRIDE = 1 << 40
@@ -62,6 +69,38 @@ class TenantShare:
     starts: int
     share: float
     fair_share: float
+    #: Its requests waiting now.
+    waiting: int = 0
+    #: Times its queue went from empty to waiting: two readings with the same
+    #: count, each with requests waiting, mean it waited throughout (the
+    #: stretch :class:`FairnessGap` is about).
+    backlogs: int = 0
+
+
+@dataclass(frozen=True)
+class FairnessGap:
+    """Two tenants' starts over a stretch in which both had requests waiting
+    throughout, against the scheduler's fairness budget: their starts per
+    weight differ by at most two starts of the lighter one. In pass units,
+    exactly as the scheduler counts: ``gap = |Si*stride_i - Sj*stride_j|``,
+    ``budget = 2*max(stride_i, stride_j)`` (as the Rust client's
+    ``FairnessGap``)."""
+
+    gap: int
+    budget: int
+
+    @classmethod
+    def between(cls, a: tuple[int, int], b: tuple[int, int]) -> FairnessGap:
+        """``(weight, starts in the stretch)`` of each tenant."""
+        stride_a, stride_b = STRIDE // max(1, a[0]), STRIDE // max(1, b[0])
+        return cls(gap=abs(a[1] * stride_a - b[1] * stride_b), budget=2 * max(stride_a, stride_b))
+
+    def within(self) -> bool:
+        return self.gap <= self.budget
+
+    def used(self) -> float:
+        """The gap as a fraction of the budget (above 1: over it)."""
+        return self.gap / self.budget
 
 
 @dataclass
@@ -69,6 +108,7 @@ class _Tenant(Generic[T]):
     weight: int
     pass_: int = 0
     starts: int = 0
+    backlogs: int = 0
     #: (-priority, arrival, item): heapq pops the highest priority, then the earliest.
     waiting: list[tuple[int, int, T]] = field(default_factory=list)
 
@@ -94,6 +134,7 @@ class FairQueue(Generic[T]):
             self._tenants[tenant] = t
         if not t.waiting:
             t.pass_ = max(t.pass_, self._virtual_time)
+            t.backlogs += 1
         self._seq += 1
         heapq.heappush(t.waiting, (-priority, self._seq, item))
         self._len += 1
@@ -136,6 +177,8 @@ class FairQueue(Generic[T]):
                 starts=t.starts,
                 share=t.starts / total if total else 0.0,
                 fair_share=t.weight / max(1, weights),
+                waiting=len(t.waiting),
+                backlogs=t.backlogs,
             )
             for name, t in self._tenants.items()
         ]
