@@ -75,13 +75,7 @@ impl World {
                 Report::GaveUp => {
                     // As a release: the client gives the reservation (or the
                     // shard's units) back in the background.
-                    self.calls[c].release = true;
-                    if let Some((s, units)) = self.calls[c].local {
-                        self.shards[s].open -= units;
-                        if let Some(side) = self.client.as_mut() {
-                            side.local_open.remove(&c);
-                        }
-                    }
+                    self.client_gives_back(c);
                     self.count("client caller stopped waiting for its turn");
                     self.note(format!("  {id} client: stopped waiting for its turn"));
                 }
@@ -123,13 +117,7 @@ impl World {
                     self.note(format!("  {id} client: refused"));
                 }
                 Report::Releasing => {
-                    self.calls[c].release = true;
-                    if let Some((s, units)) = self.calls[c].local {
-                        self.shards[s].open -= units;
-                        if let Some(side) = self.client.as_mut() {
-                            side.local_open.remove(&c);
-                        }
-                    }
+                    self.client_gives_back(c);
                     self.note(format!("  {id} client releases"));
                 }
                 Report::StartFailed(why) => {
@@ -203,6 +191,18 @@ impl World {
                     }
                     self.calls[c].phase = Phase::Done;
                 }
+            }
+        }
+    }
+
+    /// Call `c` gives its reservation back: released at the ledger, or its
+    /// shard's units returned to the book.
+    fn client_gives_back(&mut self, c: usize) {
+        self.calls[c].release = true;
+        if let Some((s, units)) = self.calls[c].local {
+            self.shards[s].open -= units;
+            if let Some(side) = self.client.as_mut() {
+                side.local_open.remove(&c);
             }
         }
     }
