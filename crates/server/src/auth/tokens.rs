@@ -160,8 +160,18 @@ pub struct TokenStore {
 struct StoreInner {
     path: PathBuf,
     current: RwLock<Arc<TokenSet>>,
+    read: Mutex<Reads>,
+}
+
+/// What the reloads have read.
+struct Reads {
     /// The bytes `current` was parsed from: a reload parses only what changed.
-    read: Mutex<Vec<u8>>,
+    applied: Vec<u8>,
+    /// Other bytes, read by the last look: a change is applied only when the
+    /// next look reads the same bytes again, so a file caught in the middle
+    /// of a write (emptied by `>`, half written) is never applied; it would
+    /// revoke the tokens it has not reached yet.
+    seen: Option<Vec<u8>>,
 }
 
 impl TokenStore {
@@ -172,7 +182,10 @@ impl TokenStore {
             inner: Arc::new(StoreInner {
                 path,
                 current: RwLock::new(Arc::new(set)),
-                read: Mutex::new(bytes),
+                read: Mutex::new(Reads {
+                    applied: bytes,
+                    seen: None,
+                }),
             }),
         })
     }
@@ -189,16 +202,24 @@ impl TokenStore {
             .clone()
     }
 
-    /// Re-reads the file; a file that cannot be read or parsed leaves the
-    /// tokens as they were (logged and counted), so a half-edited file never
-    /// locks everyone out. Returns whether the tokens changed.
+    /// Re-reads the file. A change is applied when two looks in a row read
+    /// the same bytes (the watcher looks every reload interval), so a file
+    /// caught mid-write is never applied; a file that cannot be read or
+    /// parsed leaves the tokens as they were (logged and counted), so a
+    /// half-edited file never locks everyone out. Returns whether the tokens
+    /// changed.
     pub fn reload(&self) -> bool {
         let bytes = match read(&self.inner.path) {
             Ok(b) => b,
             Err(err) => return failed(err),
         };
-        let mut last = self.inner.read.lock().unwrap_or_else(|e| e.into_inner());
-        if *last == bytes {
+        let mut reads = self.inner.read.lock().unwrap_or_else(|e| e.into_inner());
+        if reads.applied == bytes {
+            reads.seen = None;
+            return false;
+        }
+        if reads.seen.as_ref() != Some(&bytes) {
+            reads.seen = Some(bytes);
             return false;
         }
         match parse_bytes(&self.inner.path, &bytes) {
@@ -210,7 +231,8 @@ impl TokenStore {
                     .current
                     .write()
                     .unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
-                *last = bytes;
+                reads.applied = bytes;
+                reads.seen = None;
                 true
             }
             Err(err) => failed(err),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use reservoir_server::auth::tokens::{create, NewToken, TokenSet};
+use reservoir_server::auth::tokens::{create, NewToken, TokenSet, TokenStore};
 use reservoir_server::auth::AuthConfig;
 use serde_json::json;
 
@@ -98,6 +98,49 @@ async fn tokens_file_changes_apply_without_a_restart() {
     .await;
     server.assert_conserved().await;
     server.stop().await;
+}
+
+/// A tokens file caught in the middle of a write (emptied by the writer,
+/// not yet filled again) is never applied: a change takes effect when two
+/// looks in a row read the same bytes. Before, a reload that caught the
+/// file empty revoked every token until the next look (seen as a 401 for
+/// the operator right after `tokens_file_changes_apply_without_a_restart`
+/// rewrote the file).
+#[test]
+fn a_tokens_file_caught_mid_write_is_never_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = Tokens::create_in(dir.path());
+    let whole = std::fs::read(&tokens.file).unwrap();
+    let store = TokenStore::open(tokens.file.clone()).unwrap();
+    let held = store.current().len();
+    assert!(held > 0);
+    // The writer has truncated the file and not written it yet.
+    std::fs::write(&tokens.file, "").unwrap();
+    assert!(!store.reload());
+    assert_eq!(store.current().len(), held);
+    // It finished: the same file as before, nothing to apply.
+    std::fs::write(&tokens.file, &whole).unwrap();
+    assert!(!store.reload());
+    assert!(!store.reload());
+    assert_eq!(store.current().len(), held);
+    // A token added is applied at the second look that reads it.
+    let scopes = ["gateway".to_string()];
+    let subjects = ["tenant-c".to_string()];
+    let new = NewToken {
+        principal: "gw-new",
+        scopes: &scopes,
+        subjects: &subjects,
+        subject_prefixes: &[],
+    };
+    create(&tokens.file, &new).unwrap();
+    assert!(!store.reload());
+    assert!(store.reload());
+    assert_eq!(store.current().len(), held + 1);
+    // A file emptied on purpose (and left so) revokes every token.
+    std::fs::write(&tokens.file, "").unwrap();
+    assert!(!store.reload());
+    assert!(store.reload());
+    assert_eq!(store.current().len(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
