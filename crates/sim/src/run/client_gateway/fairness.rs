@@ -28,8 +28,8 @@ pub(in crate::run) struct FairnessWatch {
     /// Per pair of tenants both waiting at the last reading: their starts
     /// when that stretch began.
     since: BTreeMap<(usize, usize), (u64, u64)>,
-    /// Each tenant's backlog count and starts at the last reading.
-    last: [(u64, u64); TENANTS.len()],
+    /// Each tenant's backlog count at the last reading.
+    last_backlogs: [u64; TENANTS.len()],
     /// Starts per tenant of the processes before this one.
     earlier_starts: [u64; TENANTS.len()],
     pub(in crate::run) figures: StartFigures,
@@ -42,8 +42,16 @@ impl FairnessWatch {
             *earlier = *now;
         }
         self.since.clear();
-        self.last = Default::default();
+        self.last_backlogs = Default::default();
     }
+}
+
+/// One tenant's reading of the scheduler (zeros for a tenant it has not seen).
+#[derive(Clone, Copy, Default)]
+struct Reading {
+    backlogs: u64,
+    starts: u64,
+    waiting: usize,
 }
 
 impl World {
@@ -57,20 +65,24 @@ impl World {
             shares.iter().find(|s| s.tenant == TENANTS[i].name)
         };
         let watch = &mut self.fairness;
-        let mut now = [(0u64, 0u64, 0usize); TENANTS.len()];
-        for (i, reading) in now.iter_mut().enumerate() {
-            if let Some(s) = read(i) {
-                *reading = (s.backlogs, s.starts, s.waiting);
-            }
-            watch.figures.starts[i] = watch.earlier_starts[i] + reading.1;
+        let now: [Reading; TENANTS.len()] = std::array::from_fn(|i| {
+            read(i).map_or(Reading::default(), |s| Reading {
+                backlogs: s.backlogs,
+                starts: s.starts,
+                waiting: s.waiting,
+            })
+        });
+        for (i, reading) in now.iter().enumerate() {
+            watch.figures.starts[i] = watch.earlier_starts[i] + reading.starts;
         }
-        let waited_throughout = |i: usize| now[i].2 > 0 && now[i].0 == watch.last[i].0;
+        let waited_throughout =
+            |i: usize| now[i].waiting > 0 && now[i].backlogs == watch.last_backlogs[i];
         watch
             .since
             .retain(|&(i, j), _| waited_throughout(i) && waited_throughout(j));
         let mut over = Vec::new();
         for (&(i, j), &(si, sj)) in &watch.since {
-            let (di, dj) = (now[i].1 - si, now[j].1 - sj);
+            let (di, dj) = (now[i].starts - si, now[j].starts - sj);
             let gap = FairnessGap::between(
                 (TENANTS[i].weight as u32, di),
                 (TENANTS[j].weight as u32, dj),
@@ -95,13 +107,16 @@ impl World {
         }
         for i in 0..TENANTS.len() {
             for j in i + 1..TENANTS.len() {
-                if now[i].2 > 0 && now[j].2 > 0 {
-                    watch.since.entry((i, j)).or_insert((now[i].1, now[j].1));
+                if now[i].waiting > 0 && now[j].waiting > 0 {
+                    watch
+                        .since
+                        .entry((i, j))
+                        .or_insert((now[i].starts, now[j].starts));
                 }
             }
         }
-        for (last, reading) in watch.last.iter_mut().zip(now) {
-            *last = (reading.0, reading.1);
+        for (last, reading) in watch.last_backlogs.iter_mut().zip(&now) {
+            *last = reading.backlogs;
         }
         for detail in over {
             self.findings
