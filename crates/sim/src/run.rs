@@ -31,6 +31,7 @@ use crate::workload::{self, Route, ROUTES, TENANTS};
 
 mod checking;
 mod client_gateway;
+mod config;
 mod faults;
 mod gateway;
 mod operator;
@@ -40,161 +41,13 @@ mod shard_answers;
 mod shards;
 mod stream;
 
+pub use config::{Plant, RunConfig};
+
 use client_gateway::ClientSide;
 use gateway::{Call, Phase, RetiredSeen, Told};
 use operator::Line;
 use projection::Projection;
 use shards::{Gateway, LocalCall, ShardPhase, SimShard};
-
-/// A bug the simulator plants on purpose, to show that the checker fails.
-/// All live in the simulator, at the boundaries it owns (see the crate docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Plant {
-    /// A release in a closed generation is credited a second time into the
-    /// active one (a `MoveIn` that never left): a refund applied twice.
-    DoubleRefund,
-    /// The moves of a generation switch reach the log without their debt (a
-    /// codec that drops a field): debt not carried on a generation switch.
-    DebtNotCarried,
-    /// Every 23rd append is acknowledged but never written (a log that
-    /// answers before its write is durable): acknowledged steps are lost.
-    LostWrite,
-    /// The writers' id index forgets the reservations of closed
-    /// generations (what the writer *reads*): a reserve retried there is
-    /// decided anew in the active generation, a second debit.
-    IndexForgets,
-    /// A restarted gateway keeps its predecessor's boot epoch and installs
-    /// its shards again, without their receipts (what the gateway *keeps*):
-    /// a shard usable after a restart, spent twice.
-    ShardAfterRestart,
-    /// A settle's body loses the gateway's counted input (a translation
-    /// that drops a field): a stream cancelled before the provider reported
-    /// its input settles with no input at all (needs cancelled streams).
-    InputUncounted,
-    /// The client gateway's transport reports a reserve whose answer was
-    /// lost as never sent (a connection error after the bytes went out),
-    /// so the client, cut off before it hears again, admits the call from
-    /// a shard while the ledger holds it too (needs the client gateway).
-    FallbackAfterSend,
-    /// The projector that follows the log reads it without one entry (a
-    /// reader that lost one, or a cursor moved one too far): its database is
-    /// no longer the rebuild's (needs a run with the projector).
-    ProjectorSkips,
-    /// The client gateway's start scheduler is given the tenants' weights
-    /// the wrong way round (t-a weighs 3, t-c 1: a table keyed by the wrong
-    /// names): it starts the lighter tenant's calls ahead of the heavier's
-    /// (needs the client gateway).
-    SchedulerWeightsSwapped,
-    /// `reservoir-replay verify` reads the log without one entry (as
-    /// `projector-skips`, on the audit tool's side): its engine finds a gap,
-    /// or its partitions differ from the projection (needs a run with the
-    /// projector).
-    ReplaySkips,
-}
-
-impl Plant {
-    pub const ALL: [Plant; 10] = [
-        Plant::DoubleRefund,
-        Plant::DebtNotCarried,
-        Plant::LostWrite,
-        Plant::IndexForgets,
-        Plant::ShardAfterRestart,
-        Plant::InputUncounted,
-        Plant::FallbackAfterSend,
-        Plant::ProjectorSkips,
-        Plant::SchedulerWeightsSwapped,
-        Plant::ReplaySkips,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Plant::DoubleRefund => "double-refund",
-            Plant::DebtNotCarried => "debt-not-carried",
-            Plant::LostWrite => "lost-write",
-            Plant::IndexForgets => "index-forgets",
-            Plant::ShardAfterRestart => "shard-after-restart",
-            Plant::InputUncounted => "input-uncounted",
-            Plant::FallbackAfterSend => "fallback-after-send",
-            Plant::ProjectorSkips => "projector-skips",
-            Plant::SchedulerWeightsSwapped => "scheduler-weights-swapped",
-            Plant::ReplaySkips => "replay-skips",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Plant> {
-        Plant::ALL.into_iter().find(|p| p.name() == name)
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct RunConfig {
-    /// Rounds with faults, before the quiet drain.
-    pub steps: usize,
-    pub plant: Option<Plant>,
-    /// Keep the whole trace in the outcome (else its last lines only).
-    pub keep_trace: bool,
-    /// Take-overs that leave the old process running (a zombie), on by
-    /// default (see "What it found" in the crate docs).
-    pub zombies: bool,
-    /// Emergency shards of `chat` (three dimensions) beside those of
-    /// `embed`, on by default. Off, a seed runs the interleaving it ran
-    /// before they were simulated (`--no-chat-shards`).
-    pub chat_shards: bool,
-    /// Now and then a `chat` call's streamed answer is cut off and settled
-    /// at what the client crate's meter counted (`run`'s `stream`), on by
-    /// default. Off, a seed runs the interleaving it ran before
-    /// (`--no-stream-cancel`).
-    pub stream_cancel: bool,
-    /// A fourth gateway whose calls are the client crate's own request
-    /// loop over the server's HTTP router (`run`'s `client_gateway`), on by
-    /// default. Off, a seed runs the interleaving it ran before
-    /// (`--no-client-gateway`).
-    pub client_gateway: bool,
-    /// The real projector following the log, checked against a rebuild and
-    /// the ledger at the end (`run`'s `projection`), on by default. It draws
-    /// nothing from the world's generator: a seed runs the same
-    /// interleaving either way (`--no-projector` skips it).
-    pub projector: bool,
-}
-
-impl RunConfig {
-    pub fn new(steps: usize) -> RunConfig {
-        RunConfig {
-            steps,
-            plant: None,
-            keep_trace: false,
-            zombies: true,
-            chat_shards: true,
-            stream_cancel: true,
-            client_gateway: true,
-            projector: true,
-        }
-    }
-
-    /// The command-line flags that select this configuration beside
-    /// `--steps` (empty for the default one).
-    pub fn flags(&self) -> String {
-        let mut flags = self
-            .plant
-            .map_or(String::new(), |p| format!(" --plant {}", p.name()));
-        if !self.zombies {
-            flags.push_str(" --no-zombies");
-        }
-        if !self.chat_shards {
-            flags.push_str(" --no-chat-shards");
-        }
-        if !self.stream_cancel {
-            flags.push_str(" --no-stream-cancel");
-        }
-        if !self.client_gateway {
-            flags.push_str(" --no-client-gateway");
-        }
-        if !self.projector {
-            flags.push_str(" --no-projector");
-        }
-        flags
-    }
-}
 
 /// Lines of the trace a failing run prints.
 pub const TRACE_TAIL: usize = 40;
