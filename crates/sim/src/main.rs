@@ -39,8 +39,8 @@ struct Cli {
     /// Rounds per interleaving, before the quiet drain.
     #[arg(long, default_value_t = 200)]
     steps: usize,
-    /// Plants a known bug: double-refund, debt-not-carried, lost-write, index-forgets, shard-after-restart, input-uncounted, fallback-after-send, projector-skips or scheduler-weights-swapped.
-    #[arg(long, value_parser = parse_plant)]
+    /// Plants a known bug (the simulator must find it).
+    #[arg(long, value_parser = plant_names())]
     plant: Option<Plant>,
     /// One run: prints its whole trace, not only the last lines.
     #[arg(long)]
@@ -85,11 +85,11 @@ struct Cli {
     import_table: Option<PathBuf>,
 }
 
-fn parse_plant(name: &str) -> Result<Plant, String> {
-    Plant::from_name(name).ok_or_else(|| {
-        let names: Vec<_> = Plant::ALL.iter().map(|p| p.name()).collect();
-        format!("unknown plant {name:?}; one of {}", names.join(", "))
-    })
+/// Every plant's name, so the help lists them all and clap refuses others.
+fn plant_names() -> impl clap::builder::TypedValueParser<Value = Plant> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Plant::ALL.iter().map(|p| p.name()))
+        .map(|name: String| Plant::from_name(&name).expect("a name from Plant::ALL"))
 }
 
 fn main() -> ExitCode {
