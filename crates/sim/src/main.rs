@@ -40,7 +40,7 @@ struct Cli {
     #[arg(long, default_value_t = 200)]
     steps: usize,
     /// Plants a known bug (the simulator must find it).
-    #[arg(long, value_parser = plant_names())]
+    #[arg(long, value_enum)]
     plant: Option<Plant>,
     /// One run: prints its whole trace, not only the last lines.
     #[arg(long)]
@@ -85,16 +85,10 @@ struct Cli {
     import_table: Option<PathBuf>,
 }
 
-/// Every plant's name, so the help lists them all and clap refuses others.
-fn plant_names() -> impl clap::builder::TypedValueParser<Value = Plant> {
-    use clap::builder::TypedValueParser;
-    clap::builder::PossibleValuesParser::new(Plant::ALL.iter().map(|p| p.name()))
-        .map(|name: String| Plant::from_name(&name).expect("a name from Plant::ALL"))
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let config = RunConfig {
+/// The run the flags ask for. [`RunConfig::flags`] writes them back (the
+/// command a failing seed prints): the test below holds the two together.
+fn config(cli: &Cli) -> RunConfig {
+    RunConfig {
         steps: cli.steps,
         plant: cli.plant,
         keep_trace: cli.trace && cli.interleavings.is_none(),
@@ -103,7 +97,12 @@ fn main() -> ExitCode {
         stream_cancel: !cli.no_stream_cancel,
         client_gateway: !cli.no_client_gateway,
         projector: !cli.no_projector,
-    };
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = config(&cli);
     if !cli.merge.is_empty() {
         return merge(&cli.merge);
     }
@@ -301,4 +300,37 @@ fn first(o: &RunOutcome) -> String {
     o.findings.first().map_or(String::new(), |f| {
         format!("{}: {}", f.gate.name(), f.detail)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flags a run prints in its replay command parse back into that run.
+    #[test]
+    fn printed_flags_parse_back_into_the_same_run() {
+        let every_part_off = RunConfig {
+            zombies: false,
+            chat_shards: false,
+            stream_cancel: false,
+            client_gateway: false,
+            projector: false,
+            ..RunConfig::new(17)
+        };
+        let plants = Plant::ALL.map(|plant| RunConfig {
+            plant: Some(plant),
+            ..RunConfig::new(17)
+        });
+        for asked in plants.iter().chain([&RunConfig::new(17), &every_part_off]) {
+            let line = format!("reservoir-sim --steps 17{}", asked.flags());
+            let cli = Cli::try_parse_from(line.split_whitespace())
+                .unwrap_or_else(|e| panic!("{line}: {e}"));
+            let parsed = config(&cli);
+            assert_eq!(
+                (parsed.steps, parsed.plant, parsed.flags()),
+                (asked.steps, asked.plant, asked.flags()),
+                "{line}"
+            );
+        }
+    }
 }

@@ -77,9 +77,17 @@ impl Plant {
             Plant::ReplaySkips => "replay-skips",
         }
     }
+}
 
-    pub fn from_name(name: &str) -> Option<Plant> {
-        Plant::ALL.into_iter().find(|p| p.name() == name)
+/// `--plant`'s values are the names above: the help lists every plant, and
+/// clap refuses any other name with the list.
+impl clap::ValueEnum for Plant {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Plant::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
     }
 }
 
