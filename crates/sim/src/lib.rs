@@ -279,6 +279,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod check;
 pub mod chunk;
+pub mod cli;
 pub mod node;
 pub mod report;
 mod rng;

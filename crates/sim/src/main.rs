@@ -21,88 +21,12 @@ use std::time::Instant;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reservoir_sim::chunk::{self, Chunk};
-use reservoir_sim::{replay_command, run, run_seeds, Plant, RunConfig, RunOutcome};
-
-#[derive(Parser)]
-#[command(
-    name = "reservoir-sim",
-    version,
-    about = "Deterministic simulation of Reservoir's write path under faults"
-)]
-struct Cli {
-    /// Runs this many interleavings (seeds `seed`, `seed`+1, …) and prints the gate table.
-    #[arg(long)]
-    interleavings: Option<u64>,
-    /// The (first) seed.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Rounds per interleaving, before the quiet drain.
-    #[arg(long, default_value_t = 200)]
-    steps: usize,
-    /// Plants a known bug (the simulator must find it).
-    #[arg(long, value_enum)]
-    plant: Option<Plant>,
-    /// One run: prints its whole trace, not only the last lines.
-    #[arg(long)]
-    trace: bool,
-    /// Never take the log over while the old process runs on (zombie
-    /// writers are on by default).
-    #[arg(long)]
-    no_zombies: bool,
-    /// No emergency shards of `chat`: the interleavings seeds ran before
-    /// they were simulated (not for the release gate's chunks).
-    #[arg(long, conflicts_with = "save")]
-    no_chat_shards: bool,
-    /// No cancelled streams: the interleavings seeds ran before they were
-    /// simulated (not for the release gate's chunks).
-    #[arg(long, conflicts_with = "save")]
-    no_stream_cancel: bool,
-    /// No client gateway (the client crate's request loop over the
-    /// server's router): the interleavings seeds ran before it was
-    /// simulated (not for the release gate's chunks).
-    #[arg(long, conflicts_with = "save")]
-    no_client_gateway: bool,
-    /// No projector following the log (the interleavings are the same; only
-    /// its gate, `projection_disagrees`, is not checked).
-    #[arg(long, conflicts_with = "save")]
-    no_projector: bool,
-    /// Threads running interleavings (each run stays on one thread).
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
-    /// With --interleavings (or --import-table): writes the run as a chunk
-    /// of the release gate (JSON) to this file.
-    #[arg(long)]
-    save: Option<PathBuf>,
-    /// Where a saved chunk came from (the commit its binary was built at).
-    #[arg(long, default_value = concat!("reservoir-sim ", env!("CARGO_PKG_VERSION")))]
-    source: String,
-    /// Merges these chunk files into one gate table (exits 1 on any finding).
-    #[arg(long, num_args = 1.., conflicts_with_all = ["interleavings", "import_table"])]
-    merge: Vec<PathBuf>,
-    /// Reads a gate table printed by an earlier `--interleavings` run into a
-    /// chunk (written with --save).
-    #[arg(long, requires = "save", conflicts_with = "interleavings")]
-    import_table: Option<PathBuf>,
-}
-
-/// The run the flags ask for. [`RunConfig::flags`] writes them back (the
-/// command a failing seed prints): the test below holds the two together.
-fn config(cli: &Cli) -> RunConfig {
-    RunConfig {
-        steps: cli.steps,
-        plant: cli.plant,
-        keep_trace: cli.trace && cli.interleavings.is_none(),
-        zombies: !cli.no_zombies,
-        chat_shards: !cli.no_chat_shards,
-        stream_cancel: !cli.no_stream_cancel,
-        client_gateway: !cli.no_client_gateway,
-        projector: !cli.no_projector,
-    }
-}
+use reservoir_sim::cli::Cli;
+use reservoir_sim::{replay_command, run, run_seeds, RunConfig, RunOutcome};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = config(&cli);
+    let config = cli.config();
     if !cli.merge.is_empty() {
         return merge(&cli.merge);
     }
@@ -300,37 +224,4 @@ fn first(o: &RunOutcome) -> String {
     o.findings.first().map_or(String::new(), |f| {
         format!("{}: {}", f.gate.name(), f.detail)
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The flags a run prints in its replay command parse back into that run.
-    #[test]
-    fn printed_flags_parse_back_into_the_same_run() {
-        let every_part_off = RunConfig {
-            zombies: false,
-            chat_shards: false,
-            stream_cancel: false,
-            client_gateway: false,
-            projector: false,
-            ..RunConfig::new(17)
-        };
-        let plants = Plant::ALL.map(|plant| RunConfig {
-            plant: Some(plant),
-            ..RunConfig::new(17)
-        });
-        for asked in plants.iter().chain([&RunConfig::new(17), &every_part_off]) {
-            let line = format!("reservoir-sim --steps 17{}", asked.flags());
-            let cli = Cli::try_parse_from(line.split_whitespace())
-                .unwrap_or_else(|e| panic!("{line}: {e}"));
-            let parsed = config(&cli);
-            assert_eq!(
-                (parsed.steps, parsed.plant, parsed.flags()),
-                (asked.steps, asked.plant, asked.flags()),
-                "{line}"
-            );
-        }
-    }
 }

@@ -307,3 +307,50 @@ fn unknown_times_round_up_to_three_figures() {
     assert_eq!(three_figures_up(320_188), 321_000);
     assert_eq!(three_figures_up(999_999), 1_000_000);
 }
+
+/// The flags a failing run prints in its replay command parse back into
+/// that run (a flag renamed on one side only fails here).
+#[test]
+fn printed_flags_parse_back_into_the_same_run() {
+    use clap::Parser;
+    use reservoir_sim::cli::Cli;
+    let base = RunConfig::new(17);
+    // Each part left out alone, so a flag read into the wrong field shows.
+    let one_part_off = [
+        RunConfig {
+            zombies: false,
+            ..base.clone()
+        },
+        RunConfig {
+            chat_shards: false,
+            ..base.clone()
+        },
+        RunConfig {
+            stream_cancel: false,
+            ..base.clone()
+        },
+        RunConfig {
+            client_gateway: false,
+            ..base.clone()
+        },
+        RunConfig {
+            projector: false,
+            ..base.clone()
+        },
+    ];
+    let plants = Plant::ALL.map(|plant| RunConfig {
+        plant: Some(plant),
+        ..base.clone()
+    });
+    for asked in plants.iter().chain(&one_part_off).chain([&base]) {
+        let line = format!("reservoir-sim --steps 17{}", asked.flags());
+        let cli =
+            Cli::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let parsed = cli.config();
+        assert_eq!(
+            (parsed.steps, parsed.plant, parsed.flags()),
+            (asked.steps, asked.plant, asked.flags()),
+            "{line}"
+        );
+    }
+}

@@ -1,0 +1,89 @@
+//! `reservoir-sim`'s command line, and the run it asks for
+//! ([`Cli::config`]). In the library so the tests can hold it to the
+//! command a failing seed prints ([`RunConfig::flags`]).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::{Plant, RunConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "reservoir-sim",
+    version,
+    about = "Deterministic simulation of Reservoir's write path under faults"
+)]
+pub struct Cli {
+    /// Runs this many interleavings (seeds `seed`, `seed`+1, …) and prints the gate table.
+    #[arg(long)]
+    pub interleavings: Option<u64>,
+    /// The (first) seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Rounds per interleaving, before the quiet drain.
+    #[arg(long, default_value_t = 200)]
+    pub steps: usize,
+    /// Plants a known bug (the simulator must find it).
+    #[arg(long, value_enum)]
+    pub plant: Option<Plant>,
+    /// One run: prints its whole trace, not only the last lines.
+    #[arg(long)]
+    pub trace: bool,
+    /// Never take the log over while the old process runs on (zombie
+    /// writers are on by default).
+    #[arg(long)]
+    pub no_zombies: bool,
+    /// No emergency shards of `chat`: the interleavings seeds ran before
+    /// they were simulated (not for the release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    pub no_chat_shards: bool,
+    /// No cancelled streams: the interleavings seeds ran before they were
+    /// simulated (not for the release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    pub no_stream_cancel: bool,
+    /// No client gateway (the client crate's request loop over the
+    /// server's router): the interleavings seeds ran before it was
+    /// simulated (not for the release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    pub no_client_gateway: bool,
+    /// No projector following the log (the interleavings are the same; only
+    /// its gate, `projection_disagrees`, is not checked).
+    #[arg(long, conflicts_with = "save")]
+    pub no_projector: bool,
+    /// Threads running interleavings (each run stays on one thread).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// With --interleavings (or --import-table): writes the run as a chunk
+    /// of the release gate (JSON) to this file.
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    /// Where a saved chunk came from (the commit its binary was built at).
+    #[arg(long, default_value = concat!("reservoir-sim ", env!("CARGO_PKG_VERSION")))]
+    pub source: String,
+    /// Merges these chunk files into one gate table (exits 1 on any finding).
+    #[arg(long, num_args = 1.., conflicts_with_all = ["interleavings", "import_table"])]
+    pub merge: Vec<PathBuf>,
+    /// Reads a gate table printed by an earlier `--interleavings` run into a
+    /// chunk (written with --save).
+    #[arg(long, requires = "save", conflicts_with = "interleavings")]
+    pub import_table: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The run the flags ask for. [`RunConfig::flags`] writes them back
+    /// (the command a failing seed prints); the simulator's tests hold the
+    /// two together.
+    pub fn config(&self) -> RunConfig {
+        RunConfig {
+            steps: self.steps,
+            plant: self.plant,
+            keep_trace: self.trace && self.interleavings.is_none(),
+            zombies: !self.no_zombies,
+            chat_shards: !self.no_chat_shards,
+            stream_cancel: !self.no_stream_cancel,
+            client_gateway: !self.no_client_gateway,
+            projector: !self.no_projector,
+        }
+    }
+}
