@@ -12,7 +12,8 @@
 //!   merged into one gate table; `--import-table FILE --save FILE`: a gate
 //!   table printed before chunks were saved, read back into a chunk.
 
-use std::io::IsTerminal;
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +40,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// A line of the command's output, into a `String` that [`emit`] writes.
+macro_rules! say {
+    ($out:expr) => { $out.push('\n') };
+    ($out:expr, $($arg:tt)*) => {
+        writeln!($out, $($arg)*).expect("writing to a String cannot fail")
+    };
+}
+
+/// Writes the command's output and returns its exit code. A reader that
+/// went away (`reservoir-sim --merge FILE | head`) leaves the code as it
+/// was: the verdict is the gates', not the pipe's.
+fn emit(out: &str, code: ExitCode) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => code,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => code,
+        Err(e) => error(format!("cannot write the output: {e}")),
+    }
+}
+
 /// Prints `message` as the command's error and fails.
 fn error(message: String) -> ExitCode {
     eprintln!("reservoir-sim: {message}");
@@ -59,8 +83,8 @@ fn import(table: &Path, cli: &Cli) -> ExitCode {
         .and_then(|chunk| write_chunk(save, &chunk).map(|()| chunk));
     match imported {
         Ok(chunk) => {
-            println!("{}: seeds {:?}", save.display(), chunk.seeds());
-            ExitCode::SUCCESS
+            let out = format!("{}: seeds {:?}\n", save.display(), chunk.seeds());
+            emit(&out, ExitCode::SUCCESS)
         }
         Err(e) => error(e),
     }
@@ -86,18 +110,21 @@ fn merge(files: &[PathBuf]) -> ExitCode {
         .iter()
         .map(|r| format!("{}–{}", r.start, r.end - 1))
         .collect();
-    println!(
+    let mut out = String::new();
+    say!(
+        out,
         "{} interleavings in {} chunks, seeds {}",
         merged.summary.interleavings,
         merged.chunks.len(),
         ranges.join(", ")
     );
-    println!();
-    println!("| seeds | interleavings | source | runs digest |");
-    println!("| --- | ---: | --- | --- |");
+    say!(out);
+    say!(out, "| seeds | interleavings | source | runs digest |");
+    say!(out, "| --- | ---: | --- | --- |");
     for c in &merged.chunks {
         let seeds = c.seeds();
-        println!(
+        say!(
+            out,
             "| {}–{} | {} | {} | {} |",
             seeds.start,
             seeds.end - 1,
@@ -106,29 +133,32 @@ fn merge(files: &[PathBuf]) -> ExitCode {
             c.runs_digest.as_deref().unwrap_or("- (read from a table)")
         );
     }
-    println!();
-    print!("{}", merged.summary.table());
+    say!(out);
+    out.push_str(&merged.summary.table());
     if merged.summary.findings() == 0 {
-        println!(
+        say!(
+            out,
             "\nevery gate passed in {} interleavings",
             merged.summary.interleavings
         );
-        return ExitCode::SUCCESS;
+        return emit(&out, ExitCode::SUCCESS);
     }
-    println!("\nfailing interleavings, the first:");
+    say!(out, "\nfailing interleavings, the first:");
     for (seed, finding) in &merged.summary.failures {
-        println!("- seed {seed}: {finding}");
+        say!(out, "- seed {seed}: {finding}");
     }
-    ExitCode::FAILURE
+    emit(&out, ExitCode::FAILURE)
 }
 
 fn one(cli: &Cli, config: &RunConfig) -> ExitCode {
     let started = Instant::now();
     let outcome = run(cli.seed, config);
+    let mut out = String::new();
     for line in &outcome.trace {
-        println!("{line}");
+        say!(out, "{line}");
     }
-    println!(
+    say!(
+        out,
         "seed {} steps {}: {} rounds, {:.1} min simulated, {:.2} s wall, trace hash {}",
         outcome.seed,
         outcome.steps,
@@ -138,18 +168,14 @@ fn one(cli: &Cli, config: &RunConfig) -> ExitCode {
         outcome.trace_hash
     );
     if outcome.passed() {
-        println!("every gate passed");
-        return ExitCode::SUCCESS;
+        say!(out, "every gate passed");
+        return emit(&out, ExitCode::SUCCESS);
     }
-    print_failure(&outcome, config);
-    ExitCode::FAILURE
-}
-
-fn print_failure(outcome: &RunOutcome, config: &RunConfig) {
     for f in &outcome.findings {
-        println!("FINDING {}: {}", f.gate.name(), f.detail);
+        say!(out, "FINDING {}: {}", f.gate.name(), f.detail);
     }
-    println!("replay: {}", replay_command(outcome.seed, config));
+    say!(out, "replay: {}", replay_command(outcome.seed, config));
+    emit(&out, ExitCode::FAILURE)
 }
 
 fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
@@ -193,31 +219,33 @@ fn many(cli: &Cli, config: &RunConfig, n: u64) -> ExitCode {
             return error(e);
         }
     }
-    println!(
+    let mut out = String::new();
+    say!(
+        out,
         "reservoir-sim --interleavings {n} --seed {} --steps {}{}",
         cli.seed,
         cli.steps,
         config.flags()
     );
-    println!("runs digest {}", summary.runs_digest());
-    println!();
-    print!("{}", summary.table());
+    say!(out, "runs digest {}", summary.runs_digest());
+    say!(out);
+    out.push_str(&summary.table());
     if failing.is_empty() {
-        println!("\nevery gate passed in {n} interleavings");
-        return ExitCode::SUCCESS;
+        say!(out, "\nevery gate passed in {n} interleavings");
+        return emit(&out, ExitCode::SUCCESS);
     }
-    println!("\n{} failing interleavings; the first:", failing.len());
+    say!(out, "\n{} failing interleavings; the first:", failing.len());
     for outcome in failing.iter().take(10) {
-        println!("- seed {}: {}", outcome.seed, first(outcome));
-        println!("  replay: {}", replay_command(outcome.seed, config));
+        say!(out, "- seed {}: {}", outcome.seed, first(outcome));
+        say!(out, "  replay: {}", replay_command(outcome.seed, config));
     }
     if let Some(o) = failing.first() {
-        println!("\nlast steps of seed {}:", o.seed);
+        say!(out, "\nlast steps of seed {}:", o.seed);
         for line in &o.trace {
-            println!("  {line}");
+            say!(out, "  {line}");
         }
     }
-    ExitCode::FAILURE
+    emit(&out, ExitCode::FAILURE)
 }
 
 fn first(o: &RunOutcome) -> String {

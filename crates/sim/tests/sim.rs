@@ -1,7 +1,8 @@
 //! The simulator's one test binary: a CI-sized run that must find nothing,
 //! every planted bug found (with the number of interleavings it took), the
 //! same seed giving the same trace hash, and chunks of the release gate
-//! merging into what one run of their seeds gives.
+//! merging into what one run of their seeds gives, and the command keeping
+//! its verdict when its reader leaves early.
 //!
 //! `RESERVOIR_SIM_INTERLEAVINGS` overrides the CI size (e.g. for a longer
 //! local run); a failing seed prints the one command that replays it.
@@ -352,5 +353,38 @@ fn printed_flags_parse_back_into_the_same_run() {
             (asked.steps, asked.plant, asked.flags()),
             "{line}"
         );
+    }
+}
+
+/// `reservoir-sim --merge FILE | head`: a reader that leaves before the
+/// table is written is not a crash, and the exit code stays the gates'
+/// verdict (0 when every gate passed, 1 on a finding).
+#[test]
+fn a_reader_that_leaves_early_keeps_the_verdict() {
+    let config = RunConfig::new(CI_STEPS);
+    let (summary, _) = run_seeds(21, 2, &config, 1, |_, _| {});
+    let passed = saved(&summary, 21, &config);
+    let mut failed = passed.clone();
+    let gate = Gate::ALL[0].name().to_string();
+    *failed.gates.get_mut(&gate).expect("every gate is named") = 1;
+    failed
+        .failures
+        .push((21, format!("{gate}: written by the test")));
+    let dir = tempfile::tempdir().expect("a temp dir");
+    for (chunk, code) in [(passed, 0), (failed, 1)] {
+        let file = dir.path().join(format!("{code}.json"));
+        std::fs::write(&file, serde_json::to_vec(&chunk).expect("serializes")).expect("written");
+        // The pipe's reader is gone before the command starts: every write fails.
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_reservoir-sim"))
+            .arg("--merge")
+            .arg(&file)
+            .stdout(writer)
+            .output()
+            .expect("reservoir-sim runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+        assert!(stderr.is_empty(), "stderr: {stderr}");
     }
 }
