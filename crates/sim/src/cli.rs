@@ -8,6 +8,9 @@ use clap::Parser;
 
 use crate::{Plant, RunConfig};
 
+/// The most client gateways a run has (`--client-gateways`).
+pub const MAX_CLIENT_GATEWAYS: i64 = 4;
+
 #[derive(Parser)]
 #[command(
     name = "reservoir-sim",
@@ -45,8 +48,13 @@ pub struct Cli {
     /// No client gateway (the client crate's request loop over the
     /// server's router): the interleavings seeds ran before it was
     /// simulated (not for the release gate's chunks).
-    #[arg(long, conflicts_with = "save")]
+    #[arg(long, conflicts_with_all = ["save", "client_gateways"])]
     pub no_client_gateway: bool,
+    /// Client gateways, each its own client crate `Client` with its own
+    /// scheduler, shard book and restarts: one by default; more run other
+    /// interleavings (not for the release gate's chunks).
+    #[arg(long, conflicts_with = "save", value_parser = clap::value_parser!(u8).range(1..=MAX_CLIENT_GATEWAYS))]
+    pub client_gateways: Option<u8>,
     /// No projector following the log (the interleavings are the same; only
     /// its gate, `projection_disagrees`, is not checked).
     #[arg(long, conflicts_with = "save")]
@@ -82,7 +90,10 @@ impl Cli {
             zombies: !self.no_zombies,
             chat_shards: !self.no_chat_shards,
             stream_cancel: !self.no_stream_cancel,
-            client_gateway: !self.no_client_gateway,
+            client_gateways: match (self.no_client_gateway, self.client_gateways) {
+                (true, _) => 0,
+                (false, n) => usize::from(n.unwrap_or(1)),
+            },
             projector: !self.no_projector,
         }
     }

@@ -67,7 +67,11 @@
 //!   `scheduler_over_budget` holds the scheduler to its fairness budget
 //!   (`reservoir_client::FairnessGap`) over every stretch in which two
 //!   tenants both waited throughout, read after each stretch of its tasks
-//!   running (`client_gateway::fairness`).
+//!   running (`client_gateway::fairness`). With `--client-gateways N`
+//!   (`RunConfig::client_gateways`, 1 to 4; one by default, the release
+//!   gate's) there are N such gateways (gw-3, gw-4, …), each with its own
+//!   client, scheduler, book, cut-offs and restarts, calling the same
+//!   ledger at once; their interleavings are not the default's.
 //! - An operator publishing new generations and rolling back, with
 //!   reservations in flight; each change retried as it was until answered.
 //! - The sweeper: expiries, execution limits (USAGE_UNKNOWN, later resolved

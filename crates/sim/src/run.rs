@@ -79,7 +79,7 @@ pub struct RunOutcome {
     pub admitted: [u64; TENANTS.len()],
     /// Calls per tenant (each asks for one reservation): the demand.
     pub demand: [u64; TENANTS.len()],
-    /// The client gateway's start scheduler against its fairness budget.
+    /// The client gateways' start schedulers against their fairness budget.
     pub starts: crate::report::StartFigures,
     /// How often each path was taken (faults, restarts, event types in the log).
     pub coverage: BTreeMap<&'static str, u64>,
@@ -205,10 +205,9 @@ struct World {
     zombies: bool,
     chat_shards: bool,
     stream_cancel: bool,
-    /// The client gateway (`None` with `--no-client-gateway`).
-    client: Option<ClientSide>,
-    /// Its start scheduler, judged against the fairness budget.
-    fairness: client_gateway::FairnessWatch,
+    /// The client gateways (none with `--no-client-gateway`), after the
+    /// simulator's own gateways.
+    clients: Vec<ClientSide>,
     /// The projector following the log (`None` with `--no-projector`).
     projection: Option<Projection>,
     /// A snapshot being taken this round: its cut, and each shard's part.
@@ -273,7 +272,7 @@ impl World {
         let clock = reservoir_server::clock::ManualClock::new(workload::START_MS);
         let signer = shards::signer();
         let public_key = signer.public_key_hex();
-        let gateways: Vec<Gateway> = (0..GATEWAYS + usize::from(config.client_gateway))
+        let gateways: Vec<Gateway> = (0..GATEWAYS + config.client_gateways)
             .map(|g| Gateway::new(g, 1, &public_key, &clock))
             .collect();
         let projection = match config.projector {
@@ -286,21 +285,22 @@ impl World {
             false => None,
         };
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
-        let client = match config.client_gateway {
-            true => {
-                let ledger = client_gateway::LedgerHttp::new(node.writers.clone());
+        // One router for every client gateway: the node's HTTP side.
+        let ledger = client_gateway::LedgerHttp::new(node.writers.clone());
+        let clients = (GATEWAYS..gateways.len())
+            .map(|g| {
                 let concurrency = rng.range(1, 2) as usize;
                 let swapped = config.plant == Some(Plant::SchedulerWeightsSwapped);
-                Some(ClientSide::new(
+                ClientSide::new(
                     &node.clock,
-                    ledger,
+                    ledger.clone(),
                     &gateways,
+                    g,
                     concurrency,
                     swapped,
-                ))
-            }
-            false => None,
-        };
+                )
+            })
+            .collect();
         let lines = TENANTS
             .iter()
             .enumerate()
@@ -328,8 +328,7 @@ impl World {
             zombies: config.zombies,
             chat_shards: config.chat_shards,
             stream_cancel: config.stream_cancel,
-            client,
-            fairness: Default::default(),
+            clients,
             projection,
             taking: None,
             delayed: Vec::new(),
@@ -677,6 +676,7 @@ impl World {
         );
         let simulated_ms = self.now() - self.start_ms;
         let findings = std::mem::take(&mut self.findings);
+        let starts = self.start_figures();
         let trace_hash = hex::encode(std::mem::take(&mut self.trace_hash).finalize());
         RunOutcome {
             seed: self.seed,
@@ -689,7 +689,7 @@ impl World {
             unknown_resolved_ms: self.unknown_resolved_ms,
             admitted: self.admitted,
             demand: self.demand,
-            starts: self.fairness.figures,
+            starts,
             coverage: self.coverage,
         }
     }

@@ -1,8 +1,9 @@
 //! The simulator's one test binary: a CI-sized run that must find nothing,
 //! every planted bug found (with the number of interleavings it took), the
 //! same seed giving the same trace hash, and chunks of the release gate
-//! merging into what one run of their seeds gives, and the command keeping
-//! its verdict when its reader leaves early.
+//! merging into what one run of their seeds gives, a run with two client
+//! gateways, and the command keeping its verdict when its reader leaves
+//! early.
 //!
 //! `RESERVOIR_SIM_INTERLEAVINGS` overrides the CI size (e.g. for a longer
 //! local run); a failing seed prints the one command that replays it.
@@ -49,6 +50,54 @@ fn a_ci_sized_run_finds_nothing() {
         }
         panic!("{} of {n} interleavings failed a gate", failing.len());
     }
+}
+
+/// Interleavings of the run with two client gateways.
+const TWO_CLIENTS_INTERLEAVINGS: u64 = 200;
+
+/// Two client gateways, each with its own client crate `Client`,
+/// scheduler, shard book and restarts, beside the simulator's three: a run
+/// finds nothing, the second one calls too, and a bug planted in the
+/// client's path is caught on the second one as well.
+#[test]
+fn two_client_gateways_find_nothing_and_a_plant_on_the_second_is_caught() {
+    let config = RunConfig {
+        client_gateways: 2,
+        ..RunConfig::new(CI_STEPS)
+    };
+    let (summary, failing) = run_many(TWO_CLIENTS_INTERLEAVINGS, &config, CI_THREADS);
+    println!("{}", summary.table());
+    for o in &failing {
+        let f = &o.findings[0];
+        println!("seed {}: {}: {}", o.seed, f.gate.name(), f.detail);
+        println!("  replay: {}", replay_command(o.seed, &config));
+    }
+    assert!(failing.is_empty(), "{} interleavings failed", failing.len());
+    let calls = |what: &str| summary.coverage.get(what).copied().unwrap_or(0);
+    let (all, second) = (
+        calls("client calls"),
+        calls("client calls of a second client gateway or later"),
+    );
+    assert!(
+        second > all / 4 && second < all * 3 / 4,
+        "{second} of {all} client calls from the second client gateway"
+    );
+    // The gateways are numbered after the simulator's three: the second
+    // client gateway is gw-4, its calls g4-c….
+    let planted = RunConfig {
+        plant: Some(Plant::FallbackAfterSend),
+        ..config
+    };
+    let found = (1..=PLANTED_WITHIN).find(|&seed| {
+        run(seed, &planted)
+            .findings
+            .iter()
+            .any(|f| f.gate == Gate::ModelDisagrees && f.detail.starts_with("g4-c"))
+    });
+    let seed = found.unwrap_or_else(|| {
+        panic!("fallback-after-send at gw-4 not found in {PLANTED_WITHIN} interleavings")
+    });
+    println!("fallback-after-send at gw-4: found in seed {seed}");
 }
 
 /// The gates that must see a plant (the first check after it can see it
@@ -134,7 +183,7 @@ fn before_chat_shards(config: RunConfig) -> RunConfig {
     RunConfig {
         chat_shards: false,
         stream_cancel: false,
-        client_gateway: false,
+        client_gateways: 0,
         ..config
     }
 }
@@ -331,7 +380,11 @@ fn printed_flags_parse_back_into_the_same_run() {
             ..base.clone()
         },
         RunConfig {
-            client_gateway: false,
+            client_gateways: 0,
+            ..base.clone()
+        },
+        RunConfig {
+            client_gateways: 2,
             ..base.clone()
         },
         RunConfig {

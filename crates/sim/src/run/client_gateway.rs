@@ -1,4 +1,5 @@
-//! The client gateway: one more gateway, whose calls are the client crate's
+//! The client gateway (one by default, `RunConfig::client_gateways`; each
+//! its own [`ClientSide`]): one more gateway, whose calls are the client crate's
 //! own request loop (`reservoir_client::Client`: every step retried with the
 //! same id and body under its deadline, a reserve left unanswered ending as
 //! RESERVATION_UNKNOWN and resolved by asking again, a lease whose start
@@ -53,9 +54,8 @@ use reservoir_server::clock::{Clock, ManualClock};
 use serde_json::Value;
 
 use super::*;
+use crate::report::StartFigures;
 
-/// The client gateway's number: after the simulator's own gateways.
-pub(super) const CLIENT_GATEWAY: usize = GATEWAYS;
 /// The ledger's URL as the client knows it (never resolved: the wire is ours).
 const BASE: &str = "http://ledger";
 /// Yields for the client's tasks to run to their next request or wait.
@@ -95,8 +95,10 @@ impl LedgerHttp {
     }
 }
 
-/// The client gateway's side of the world.
+/// A client gateway's side of the world.
 pub(super) struct ClientSide {
+    /// Its number among `World::gateways`: after the simulator's own.
+    gateway: usize,
     client: Client,
     /// Which of its RESERVED calls starts next (`fairness`).
     scheduler: StartScheduler,
@@ -113,24 +115,30 @@ pub(super) struct ClientSide {
     delayed: Vec<(usize, HttpRequest)>,
     /// Calls holding a shard's units right now (admitted locally, not ended).
     local_open: std::collections::BTreeSet<usize>,
+    /// Its start scheduler, judged against the fairness budget (kept
+    /// across its restarts).
+    fairness: FairnessWatch,
 }
 
 impl ClientSide {
-    /// `concurrency`: provider calls it runs at once; `swapped`: the
-    /// planted bug's weights (`Plant::SchedulerWeightsSwapped`).
+    /// The client of gateway `gateway`; `concurrency`: provider calls it
+    /// runs at once; `swapped`: the planted bug's weights
+    /// (`Plant::SchedulerWeightsSwapped`).
     pub(super) fn new(
         clock: &ManualClock,
         ledger: LedgerHttp,
         gateways: &[super::shards::Gateway],
+        gateway: usize,
         concurrency: usize,
         swapped: bool,
     ) -> Self {
         let shared = Shared {
+            gateway,
             wire: Arc::default(),
             clock: clock.clone(),
             closed: Arc::default(),
         };
-        let book = gateways[CLIENT_GATEWAY].book.clone();
+        let book = gateways[gateway].book.clone();
         // A gateway that falls back to its shards soon: a step gives up
         // after 3 s of simulated time (a cut-off lasts 2-8 rounds, each
         // 0.05-2 s mostly), the rest of the client's defaults.
@@ -158,6 +166,7 @@ impl ClientSide {
             ..SchedulerConfig::default()
         });
         ClientSide {
+            gateway,
             client,
             scheduler,
             shared,
@@ -169,6 +178,7 @@ impl ClientSide {
             lost_since: HashMap::new(),
             delayed: Vec::new(),
             local_open: Default::default(),
+            fairness: FairnessWatch::default(),
         }
     }
 
@@ -193,17 +203,23 @@ impl ClientSide {
 }
 
 impl World {
-    /// After the clock moved: the client's sleepers whose time came are
-    /// woken (in the order of their deadlines), and the gateway may be cut
-    /// off from the ledger, or come back.
+    /// After the clock moved, for each client gateway in turn: its
+    /// client's sleepers whose time came are woken (in the order of their
+    /// deadlines), and the gateway may be cut off from the ledger, or come
+    /// back.
     pub(super) async fn client_round(&mut self, quiet: bool) {
-        if !quiet && self.client.is_some() && self.rng.chance(5) {
-            self.restart_client_gateway().await;
+        for i in 0..self.clients.len() {
+            self.client_round_of(i, quiet).await;
+        }
+    }
+
+    async fn client_round_of(&mut self, i: usize, quiet: bool) {
+        if !quiet && self.rng.chance(5) {
+            self.restart_client_gateway(i).await;
         }
         let now = self.node.clock.now_ms();
-        let Some(side) = self.client.as_mut() else {
-            return;
-        };
+        let side = &mut self.clients[i];
+        let g = side.gateway;
         let mut due: Vec<_> = {
             let mut wire = side.shared.wire();
             let (due, waiting) = std::mem::take(&mut wire.sleepers)
@@ -219,20 +235,20 @@ impl World {
         // Its shards: asked for more often than the other gateways' (its
         // local calls need one of the right tenant and route).
         if !quiet && self.rng.chance(150) {
-            self.ask_for_shard(CLIENT_GATEWAY);
+            self.ask_for_shard(g);
         }
         // A cut-off ends with the other gateways' (`shard_round`).
-        if !quiet && self.gateways[CLIENT_GATEWAY].cut_off == 0 && self.rng.chance(25) {
+        if !quiet && self.gateways[g].cut_off == 0 && self.rng.chance(25) {
             let rounds = self.rng.range(2, 8) as u32;
-            self.gateways[CLIENT_GATEWAY].cut_off = rounds;
+            self.gateways[g].cut_off = rounds;
             self.note(format!(
-                "  gw-{CLIENT_GATEWAY} (client) cut off from the ledger for {rounds} rounds"
+                "  gw-{g} (client) cut off from the ledger for {rounds} rounds"
             ));
             self.count("client gateway cut off");
         }
     }
 
-    /// The client gateway's process dies and a new one starts. The old
+    /// Client gateway `i`'s process dies and a new one starts. The old
     /// one's tasks stop where they are and nothing more leaves it: its
     /// transport closes (a dropped lease's or reservation's background step
     /// fails at once, as in a crash), its unsent requests are gone; copies
@@ -244,17 +260,18 @@ impl World {
     /// empty book (`restart_gateway`: the old shards are refused to it and
     /// their reconcile under the new epoch refused by the ledger) and a new
     /// client.
-    async fn restart_client_gateway(&mut self) {
+    async fn restart_client_gateway(&mut self, i: usize) {
         self.client_reports();
-        let Some(mut old) = self.client.take() else {
-            return;
-        };
+        let old = &mut self.clients[i];
+        let g = old.gateway;
+        let failed = old.client.background_failures();
+        old.close().await;
+        let local_open = std::mem::take(&mut old.local_open);
         *self
             .coverage
             .entry("client background steps given up (deadline)")
-            .or_default() += old.client.background_failures();
-        old.close().await;
-        for c in std::mem::take(&mut old.local_open) {
+            .or_default() += failed;
+        for c in local_open {
             if let Some((s, units)) = self.calls[c].local {
                 self.shards[s].open -= units;
                 self.shards[s].unknown += units;
@@ -262,7 +279,7 @@ impl World {
         }
         let mut orphaned = 0;
         for call in self.calls.iter_mut() {
-            if call.gateway == CLIENT_GATEWAY && call.phase != Phase::Done {
+            if call.gateway == g && call.phase != Phase::Done {
                 call.phase = Phase::Done;
                 if call.unknown_since.take().is_some() {
                     *self
@@ -277,45 +294,52 @@ impl World {
             .coverage
             .entry("client call orphaned by a restart")
             .or_default() += orphaned;
-        self.restart_gateway(CLIENT_GATEWAY);
+        self.restart_gateway(g);
         self.count("client gateway restart");
-        self.fairness.restart();
         let concurrency = self.rng.range(1, 2) as usize;
         let swapped = self.plant == Some(Plant::SchedulerWeightsSwapped);
-        let mut new = ClientSide::new(
+        let ledger = self.clients[i].ledger.clone();
+        let new = ClientSide::new(
             &self.node.clock,
-            old.ledger.clone(),
+            ledger,
             &self.gateways,
+            g,
             concurrency,
             swapped,
         );
+        let mut old = std::mem::replace(&mut self.clients[i], new);
+        let new = &mut self.clients[i];
         new.delayed = std::mem::take(&mut old.delayed);
-        self.client = Some(new);
+        new.fairness = std::mem::take(&mut old.fairness);
+        new.fairness.restart();
     }
 
-    /// One wave's part of the client gateway: what its tasks reported, a new
-    /// call now and then, then every request on the wire handed to the
-    /// router (refused while cut off), and the late copies due.
+    /// One wave's part of the client gateways, each in turn: what its
+    /// tasks reported, a new call now and then, then every request on the
+    /// wire handed to the router (refused while cut off), and the late
+    /// copies due.
     pub(super) async fn client_wave(&mut self, wave: u64) -> Vec<InFlight> {
-        if self.client.is_none() {
-            return Vec::new();
+        let mut flying = Vec::new();
+        for i in 0..self.clients.len() {
+            flying.extend(self.client_wave_of(i, wave).await);
         }
+        flying
+    }
+
+    async fn client_wave_of(&mut self, i: usize, wave: u64) -> Vec<InFlight> {
         self.client_reports();
-        let open = self.client.as_ref().map_or(0, |s| s.open);
-        if !self.quiet && open < CLIENT_CALLS && self.rng.chance(400) {
-            self.client_call();
+        if !self.quiet && self.clients[i].open < CLIENT_CALLS && self.rng.chance(400) {
+            self.client_call(i);
         }
         for _ in 0..CLIENT_YIELDS {
             tokio::task::yield_now().await;
         }
-        self.read_scheduler();
+        self.read_scheduler(i);
         let (round, quiet) = (self.round, self.quiet);
-        let Some(side) = self.client.as_mut() else {
-            return Vec::new();
-        };
+        let side = &mut self.clients[i];
         side.ledger.state.set_ready(self.node.writers.clone());
         let sent: Vec<Sent> = side.shared.wire().sent.drain(..).collect();
-        let cut_off = self.gateways[CLIENT_GATEWAY].cut_off > 0;
+        let cut_off = self.gateways[side.gateway].cut_off > 0;
         let mut flying = Vec::new();
         let mut copies = Vec::new();
         for Sent { request, reply } in sent {
@@ -329,9 +353,9 @@ impl World {
             if !quiet && self.rng.chance(30) {
                 copies.push((round + self.rng.range(1, 40) as usize, request.clone()));
             }
-            let side = self.client.as_ref().expect("the client side");
             flying.push(InFlight {
-                answer: route(&side.ledger.router, &request),
+                side: i,
+                answer: route(&self.clients[i].ledger.router, &request),
                 request,
                 reply: Some(reply),
             });
@@ -342,7 +366,7 @@ impl World {
                 self.calls[c].reserve_duplicated = true;
             }
         }
-        let side = self.client.as_mut().expect("the client side");
+        let side = &mut self.clients[i];
         side.delayed.extend(copies);
         if wave == 0 {
             let (late, later): (Vec<_>, Vec<_>) = std::mem::take(&mut side.delayed)
@@ -351,6 +375,7 @@ impl World {
             side.delayed = later;
             for (_, request) in late {
                 flying.push(InFlight {
+                    side: i,
                     answer: route(&side.ledger.router, &request),
                     request,
                     reply: None,
@@ -360,15 +385,16 @@ impl World {
         flying
     }
 
-    /// The round's answers to the client's requests: each delivered, or
+    /// The round's answers to the clients' requests: each delivered, or
     /// lost on the way (with the round's fault's odds); then the tasks run
     /// on what they heard.
     pub(super) async fn client_deliver(&mut self, flying: Vec<InFlight>, drop_per_mille: u64) {
-        if self.client.is_none() {
+        if self.clients.is_empty() {
             return;
         }
         let now = self.now();
         for InFlight {
+            side: i,
             request,
             reply,
             answer,
@@ -413,7 +439,8 @@ impl World {
                 Exchange::Answer { status, .. } => *status == StatusCode::SERVICE_UNAVAILABLE,
                 Exchange::Lost { .. } => true,
             };
-            let side = self.client.as_mut().expect("the client side");
+            let side = &mut self.clients[i];
+            let g = side.gateway;
             if let Some(c) = call {
                 if lost || unavailable {
                     side.lost_since.entry(c).or_insert(now);
@@ -433,11 +460,11 @@ impl World {
                 }
                 // Now and then the answer was lost because a partition
                 // began: the gateway is cut off from now on.
-                if self.gateways[CLIENT_GATEWAY].cut_off == 0 && self.rng.chance(200) {
+                if self.gateways[g].cut_off == 0 && self.rng.chance(200) {
                     let rounds = self.rng.range(2, 8) as u32;
-                    self.gateways[CLIENT_GATEWAY].cut_off = rounds;
+                    self.gateways[g].cut_off = rounds;
                     self.note(format!(
-                        "  gw-{CLIENT_GATEWAY} (client) cut off mid-request for {rounds} rounds"
+                        "  gw-{g} (client) cut off mid-request for {rounds} rounds"
                     ));
                     self.count("client gateway cut off mid-request");
                 }
@@ -450,12 +477,14 @@ impl World {
             tokio::task::yield_now().await;
         }
         self.client_reports();
-        self.read_scheduler();
+        for i in 0..self.clients.len() {
+            self.read_scheduler(i);
+        }
     }
 
-    /// A new call of the client gateway, its plan drawn now, run as its own task.
-    fn client_call(&mut self) {
-        let c = self.push_call(CLIENT_GATEWAY);
+    /// A new call of client gateway `i`, its plan drawn now, run as its own task.
+    fn client_call(&mut self, i: usize) {
+        let c = self.push_call(self.clients[i].gateway);
         let call = &self.calls[c];
         let (tenant, route, amount, release) = (call.tenant, call.route, call.amount, call.release);
         let request = match amount {
@@ -508,7 +537,10 @@ impl World {
             plan = PlanName(&plan)
         ));
         self.count("client calls");
-        let side = self.client.as_mut().expect("the client side");
+        if self.clients[i].gateway > GATEWAYS {
+            self.count("client calls of a second client gateway or later");
+        }
+        let side = &mut self.clients[i];
         side.open += 1;
         let (client, scheduler, timer, book, reports, closed) = (
             side.client.clone(),
@@ -534,19 +566,31 @@ impl World {
         side.tasks.push(task);
     }
 
-    /// The end of the run: every wait of the client ends and its tasks stop
-    /// (a dropped lease's background settle included).
+    /// The end of the run: every wait of the clients ends and their tasks
+    /// stop (a dropped lease's background settle included).
     pub(super) async fn client_close(&mut self) {
-        let failed = self
-            .client
-            .as_ref()
-            .map_or(0, |s| s.client.background_failures());
-        *self
-            .coverage
-            .entry("client background steps given up (deadline)")
-            .or_default() += failed;
-        if let Some(side) = self.client.as_mut() {
-            side.close().await;
+        for i in 0..self.clients.len() {
+            let failed = self.clients[i].client.background_failures();
+            *self
+                .coverage
+                .entry("client background steps given up (deadline)")
+                .or_default() += failed;
+            self.clients[i].close().await;
         }
+    }
+
+    /// The client side of call `c`'s gateway (none for the simulator's own).
+    fn client_of(&mut self, c: usize) -> Option<&mut ClientSide> {
+        let g = self.calls[c].gateway;
+        self.clients.iter_mut().find(|s| s.gateway == g)
+    }
+
+    /// The start figures of every client gateway's scheduler, together.
+    pub(super) fn start_figures(&self) -> StartFigures {
+        let mut figures = StartFigures::default();
+        for side in &self.clients {
+            figures.merge(&side.fairness.figures);
+        }
+        figures
     }
 }

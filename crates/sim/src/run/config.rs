@@ -110,11 +110,14 @@ pub struct RunConfig {
     /// default. Off, a seed runs the interleaving it ran before
     /// (`--no-stream-cancel`).
     pub stream_cancel: bool,
-    /// A fourth gateway whose calls are the client crate's own request
-    /// loop over the server's HTTP router (`run`'s `client_gateway`), on by
-    /// default. Off, a seed runs the interleaving it ran before
-    /// (`--no-client-gateway`).
-    pub client_gateway: bool,
+    /// Gateways whose calls are the client crate's own request loop over
+    /// the server's HTTP router (`run`'s `client_gateway`), each with its
+    /// own client, scheduler, shard book and restarts, after the three of
+    /// the simulator's own. One by default (the release gate's). None: a
+    /// seed runs the interleaving it ran before there was one
+    /// (`--no-client-gateway`); more (`--client-gateways N`): other
+    /// interleavings, not the release gate's.
+    pub client_gateways: usize,
     /// The real projector following the log, checked against a rebuild and
     /// the ledger at the end (`run`'s `projection`), on by default. It draws
     /// nothing from the world's generator: a seed runs the same
@@ -131,7 +134,7 @@ impl RunConfig {
             zombies: true,
             chat_shards: true,
             stream_cancel: true,
-            client_gateway: true,
+            client_gateways: 1,
             projector: true,
         }
     }
@@ -151,8 +154,10 @@ impl RunConfig {
         if !self.stream_cancel {
             flags.push_str(" --no-stream-cancel");
         }
-        if !self.client_gateway {
-            flags.push_str(" --no-client-gateway");
+        match self.client_gateways {
+            0 => flags.push_str(" --no-client-gateway"),
+            1 => {}
+            n => flags.push_str(&format!(" --client-gateways {n}")),
         }
         if !self.projector {
             flags.push_str(" --no-projector");

@@ -22,7 +22,7 @@ use crate::report::StartFigures;
 
 use super::*;
 
-/// What the world keeps between two readings of the scheduler.
+/// What a client gateway keeps between two readings of its scheduler.
 #[derive(Default)]
 pub(in crate::run) struct FairnessWatch {
     /// Per pair of tenants both waiting at the last reading: their starts
@@ -55,16 +55,15 @@ struct Reading {
 }
 
 impl World {
-    /// Reads the scheduler after its tasks ran (see the module docs).
-    pub(super) fn read_scheduler(&mut self) {
-        let Some(side) = self.client.as_ref() else {
-            return;
-        };
+    /// Reads client gateway `i`'s scheduler after its tasks ran (see the
+    /// module docs).
+    pub(super) fn read_scheduler(&mut self, i: usize) {
+        let side = &mut self.clients[i];
         let shares = side.scheduler.shares();
         let read = |i: usize| -> Option<&TenantShare> {
             shares.iter().find(|s| s.tenant == TENANTS[i].name)
         };
-        let watch = &mut self.fairness;
+        let watch = &mut side.fairness;
         let now: [Reading; TENANTS.len()] = std::array::from_fn(|i| {
             read(i).map_or(Reading::default(), |s| Reading {
                 backlogs: s.backlogs,

@@ -8,12 +8,17 @@ use super::task::{settle_sent, Report};
 use super::*;
 
 impl World {
-    /// What the client's tasks reported, into the model, in order.
+    /// What the clients' tasks reported, into the model: each client
+    /// gateway's in turn, each in order.
     pub(in crate::run) fn client_reports(&mut self) {
-        let Some(side) = self.client.as_mut() else {
-            return;
-        };
-        let reports = std::mem::take(&mut *side.reports.lock().expect("reports"));
+        for i in 0..self.clients.len() {
+            let reports = std::mem::take(&mut *self.clients[i].reports.lock().expect("reports"));
+            self.take_reports(i, reports);
+        }
+    }
+
+    /// Client gateway `i`'s reports.
+    fn take_reports(&mut self, i: usize, reports: Vec<(usize, Report)>) {
         let now = self.now();
         for (c, report) in reports {
             let id = self.calls[c].id.clone();
@@ -50,9 +55,7 @@ impl World {
                         continue;
                     };
                     self.calls[c].local = Some((s, units));
-                    if let Some(side) = self.client.as_mut() {
-                        side.local_open.insert(c);
-                    }
+                    self.clients[i].local_open.insert(c);
                     self.admitted[self.calls[c].tenant] += 1;
                     let sim = &mut self.shards[s];
                     sim.open += units;
@@ -90,11 +93,7 @@ impl World {
                     self.note(format!("  {id} client: stream cut, lease dropped"));
                 }
                 Report::Unknown(step) => {
-                    let since = self
-                        .client
-                        .as_ref()
-                        .and_then(|s| s.lost_since.get(&c).copied())
-                        .unwrap_or(now);
+                    let since = self.clients[i].lost_since.get(&c).copied().unwrap_or(now);
                     if self.calls[c].unknown_since.is_none() {
                         self.calls[c].unknown_since = Some(since);
                         self.count("unknown");
@@ -132,9 +131,7 @@ impl World {
                 Report::Settling(settlement) => {
                     self.calls[c].settle = Some(settle_sent(&settlement));
                     if let Some((s, units)) = self.calls[c].local {
-                        if let Some(side) = self.client.as_mut() {
-                            side.local_open.remove(&c);
-                        }
+                        self.clients[i].local_open.remove(&c);
                         let used = settlement.actual_units;
                         let shard = &mut self.shards[s];
                         shard.open -= units;
@@ -186,9 +183,7 @@ impl World {
                     self.note(format!("  {id} client {step} failed: {code}"));
                 }
                 Report::Ended => {
-                    if let Some(side) = self.client.as_mut() {
-                        side.open -= 1;
-                    }
+                    self.clients[i].open -= 1;
                     self.calls[c].phase = Phase::Done;
                 }
             }
@@ -201,7 +196,7 @@ impl World {
         self.calls[c].release = true;
         if let Some((s, units)) = self.calls[c].local {
             self.shards[s].open -= units;
-            if let Some(side) = self.client.as_mut() {
+            if let Some(side) = self.client_of(c) {
                 side.local_open.remove(&c);
             }
         }

@@ -13,7 +13,7 @@ use reservoir_server::clock::{Clock, ManualClock};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
-use super::{BASE, CLIENT_GATEWAY};
+use super::BASE;
 use crate::run::{Arc, VecDeque};
 
 /// One request of the client, as the wire carries it.
@@ -42,6 +42,8 @@ pub(super) struct Sent {
 /// A request on its way through the router; `reply` is `None` for a copy
 /// the network delivers late (its answer goes nowhere).
 pub(in crate::run) struct InFlight {
+    /// The client side (`World::clients`) that sent it.
+    pub(super) side: usize,
     pub(super) request: HttpRequest,
     pub(super) reply: Option<oneshot::Sender<Exchange>>,
     pub(super) answer: tokio::task::JoinHandle<Exchange>,
@@ -60,6 +62,8 @@ pub(super) struct Wire {
 
 #[derive(Clone)]
 pub(super) struct Shared {
+    /// The gateway whose client this is (its calls' ids begin `g<gateway>-c`).
+    pub(super) gateway: usize,
     pub(super) wire: Arc<Mutex<Wire>>,
     pub(super) clock: ManualClock,
     /// Set when the run ends: every wait ends at once and every deadline has passed.
@@ -78,7 +82,7 @@ impl Transport for Shared {
         let body = out
             .body
             .map(|b| serde_json::to_vec(b).expect("a JSON value serializes"));
-        let call = call_named(&path, body.as_deref());
+        let call = call_named(self.gateway, &path, body.as_deref());
         let (reply, answer) = oneshot::channel();
         if !self.closed.load(Ordering::SeqCst) {
             self.wire().sent.push_back(Sent {
@@ -131,9 +135,10 @@ impl Timer for Shared {
     }
 }
 
-/// The call a request names: the simulator's ids are `g<gateway>-c<call>`.
-pub(super) fn call_named(path: &str, body: Option<&[u8]>) -> Option<usize> {
-    let prefix = format!("g{CLIENT_GATEWAY}-c");
+/// The call of `gateway` a request names: the simulator's ids are
+/// `g<gateway>-c<call>`.
+pub(super) fn call_named(gateway: usize, path: &str, body: Option<&[u8]>) -> Option<usize> {
+    let prefix = format!("g{gateway}-c");
     let from = |text: &str| -> Option<usize> {
         let at = text.find(&prefix)? + prefix.len();
         let digits: String = text[at..]
