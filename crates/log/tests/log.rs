@@ -1,13 +1,14 @@
 //! The one integration-test binary of reservoir-log (one binary: one link of
 //! RocksDB and librdkafka). A module per area:
 //! - `codec`: the Avro wire contract (round trips, Rust types against the
-//!   `.avsc` files, registry and schema evolution, garbage in).
+//!   `.avsc` files, keys and headers, garbage in); `codec_registry`: the
+//!   schema registry and evolution.
 //! - `suite`: `log_suite!`, the behaviours every `EventLog` must show; each
 //!   implementation's module instantiates it (embedded, Kafka, memory).
 //! - `embedded`: what only the RocksDB log promises (process lock, crash test),
 //!   and `SecondaryLog` following a running log from another instance.
-//! - `kafka`: fencing between writers, crashes, faults on a mock cluster;
-//!   `kafka_pipelined`: appends in flight together (ordering, fencing, doubt);
+//! - `kafka`: fencing between writers, crashes, the independent reader;
+//!   `kafka_mock`: faults on rdkafka's mock cluster; `kafka_pipelined`: appends in flight together (ordering, fencing, doubt);
 //!   `kafka_topic`: the topic keeps every record (created so, or refused).
 //! - `memory`: the memory log (feature `memory`, enabled for this binary by
 //!   the crate's dev-dependency on itself): claims and fault injection.
@@ -29,8 +30,14 @@ mod fixtures;
 #[path = "log/codec.rs"]
 mod codec;
 
+#[path = "log/codec_registry.rs"]
+mod codec_registry;
+
 #[path = "log/kafka.rs"]
 mod kafka;
+
+#[path = "log/kafka_mock.rs"]
+mod kafka_mock;
 
 #[path = "log/kafka_pipelined.rs"]
 mod kafka_pipelined;
