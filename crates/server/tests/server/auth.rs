@@ -507,7 +507,7 @@ fn assert_declared(doc: &Value, rows: &[Row]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_answers_every_role_as_the_table_says() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let (server, tokens) = authenticated_server(dir.path()).await;
     let (at_a, _) = fixture(&tokens, &server.base).await;
     let rows = table(&at_a);
@@ -546,7 +546,7 @@ fn normalized(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_a_learns_nothing_about_tenant_b() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let (server, tokens) = authenticated_server(dir.path()).await;
     let (_, at_b) = fixture(&tokens, &server.base).await;
     let base = &server.base;

@@ -44,7 +44,7 @@ async fn forwarded_requests_keep_the_callers_principal() {
         .unwrap()
         .as_nanos();
     let topic = format!("reservoir.auth-test.{}.{nanos}", std::process::id());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let tokens = Tokens::create_in(dir.path());
     let node_token = dir.path().join("node.token");
     std::fs::write(
@@ -57,7 +57,7 @@ async fn forwarded_requests_keep_the_callers_principal() {
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect();
-    let data: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let data: Vec<_> = (0..2).map(|_| crate::support::tempdir().unwrap()).collect();
     let _nodes: Vec<Node> = (0..2)
         .map(|i| {
             let child = Command::new(env!("CARGO_BIN_EXE_reservoir"))

@@ -27,7 +27,7 @@ fn mode(path: &std::path::Path) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_file_changes_apply_without_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let tokens = Tokens::create_in(dir.path());
     let config = reservoir_server::Config {
         auth: AuthConfig {
@@ -108,7 +108,7 @@ async fn tokens_file_changes_apply_without_a_restart() {
 /// rewrote the file).
 #[test]
 fn a_tokens_file_caught_mid_write_is_never_applied() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let tokens = Tokens::create_in(dir.path());
     let whole = std::fs::read(&tokens.file).unwrap();
     let store = TokenStore::open(tokens.file.clone()).unwrap();
@@ -145,7 +145,7 @@ fn a_tokens_file_caught_mid_write_is_never_applied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_tokens_is_refused_beyond_loopback_unless_insecure_is_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let open = |insecure_no_auth| reservoir_server::Config {
         listen: "0.0.0.0:0".parse().unwrap(),
         auth: AuthConfig {
@@ -217,7 +217,7 @@ async fn loopback_without_tokens_runs_open_for_tests_and_demos() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_start_creates_an_owner_only_operator_token() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let mut server = spawn_server_with(dir.path(), &["--create-operator-token"]).await;
     let token_file = dir.path().join("operator.token");
     let tokens_file = dir.path().join("tokens.toml");
@@ -292,7 +292,7 @@ async fn first_start_creates_an_owner_only_operator_token() {
 
 #[test]
 fn token_create_prints_the_token_once_and_stores_its_hash() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let file = dir.path().join("tokens.toml");
     let create = |args: &[&str]| {
         reservoir()

@@ -57,7 +57,7 @@ fn reserve_body(id: &str, units: u64) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_admits_past_a_million_reservations_and_answers_evicted_ids() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let mut server = spawn_server_with(dir.path(), &[]).await;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(CLIENTS as usize)

@@ -17,7 +17,7 @@ const T0: u64 = 1_700_000_000_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_expire_when_the_clock_says_so() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     let mut p = policy("t", "r", 1, 1_000, 0);
@@ -60,7 +60,7 @@ async fn leases_expire_when_the_clock_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_refills_by_exactly_the_time_the_clock_moved() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     // 1,000 burst, 10 units a second.

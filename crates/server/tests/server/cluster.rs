@@ -68,7 +68,7 @@ fn server_bin() -> String {
 }
 
 fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
-    let data = tempfile::tempdir().unwrap();
+    let data = crate::support::tempdir().unwrap();
     let delay = if id == "n2" {
         N2_LOST_REVOKE_DELAY_MS
     } else {

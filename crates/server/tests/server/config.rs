@@ -7,7 +7,7 @@ use reservoir_server::config::*;
 
 #[test]
 fn flags_beat_file_beats_default() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let path = dir.path().join("reservoir.toml");
     std::fs::write(
         &path,
@@ -28,7 +28,7 @@ fn flags_beat_file_beats_default() {
 
 #[test]
 fn unknown_file_keys_and_bad_values_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let path = dir.path().join("reservoir.toml");
     std::fs::write(&path, "listne = \"127.0.0.1:9000\"\n").unwrap();
     assert!(ServeArgs {
@@ -53,7 +53,7 @@ fn unknown_file_keys_and_bad_values_are_refused() {
 
 #[test]
 fn project_settings_resolve_and_refuse() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let path = dir.path().join("projector.toml");
     std::fs::write(
         &path,
@@ -117,7 +117,7 @@ fn project_settings_resolve_and_refuse() {
 /// (so the settings really reach the client).
 #[test]
 fn kafka_security_settings_pass_through_and_nothing_else() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let path = dir.path().join("reservoir.toml");
     std::fs::write(&path, "kafka_properties = [\"sasl.password=secret\"]\n").unwrap();
     let from_file = ServeArgs {

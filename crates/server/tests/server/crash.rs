@@ -211,7 +211,7 @@ async fn sigkill_mid_batch_loses_nothing_acknowledged() {
     /// Upper bound per client; clients stop once the kills are done.
     const CYCLES_MAX: usize = 20_000;
     const KILLS: usize = 5;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let server = spawn_server(dir.path()).await;
     let base = Arc::new(RwLock::new(server.base.clone()));
     let server = Arc::new(Mutex::new(server));
@@ -387,7 +387,7 @@ fn placeholder() -> ServerProcess {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_batch_in_flight() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let mut server = spawn_server(dir.path()).await;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
@@ -443,7 +443,7 @@ async fn sigterm_finishes_the_batch_in_flight() {
 async fn sigterm_is_not_held_open_by_a_request_never_finished() {
     use tokio::io::AsyncWriteExt;
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let mut server = spawn_server_with(dir.path(), &["--shutdown-grace-ms", "300"]).await;
     let client = reqwest::Client::new();
     let p = policy("t", "r", 1, 1_000, 0);

@@ -178,7 +178,7 @@ fn expressions_are_parsed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_metric_is_exported_by_a_running_server() {
     let doc = dashboard();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let mut server = spawn_server_with(dir.path(), &["--refill-interval-ms", "100"]).await;
     let base = server.base.clone();
     let client = reqwest::Client::new();

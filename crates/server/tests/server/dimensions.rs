@@ -86,7 +86,7 @@ fn books(p: &Value) -> Vec<(String, u64, u64, u64)> {
 async fn one_reservation_holds_every_dimension_and_the_headers_say_what_is_left() {
     // Time stands still unless the test moves it, so no refill lands between
     // an answer and the balances it is compared with.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let clock = reservoir_server::clock::ManualClock::new(1_784_469_600_000);
     let server =
         TestServer::embedded_on_clock(dir.path(), std::sync::Arc::new(clock.clone())).await;
@@ -228,7 +228,7 @@ async fn one_reservation_holds_every_dimension_and_the_headers_say_what_is_left(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_names_each_dimension_that_refuses() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let clock = reservoir_server::clock::ManualClock::new(1_784_469_600_000);
     let server =
         TestServer::embedded_on_clock(dir.path(), std::sync::Arc::new(clock.clone())).await;
@@ -311,7 +311,7 @@ async fn a_429_names_each_dimension_that_refuses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_dimension_policy_answers_with_its_own_headers() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let clock = reservoir_server::clock::ManualClock::new(1_784_469_600_000);
     let server =
         TestServer::embedded_on_clock(dir.path(), std::sync::Arc::new(clock.clone())).await;

@@ -39,7 +39,7 @@ async fn publish_unnamed(s: &TestServer, p: &reservoir_core::Policy) -> (StatusC
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_names_a_rolling_policy_s_epoch_and_refuses_another() {
     let clock = ManualClock::new(LAST_MINUTE);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     let (status, body) = s.publish(&daily(1_000), "2026-11-29").await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
@@ -61,7 +61,7 @@ async fn the_writer_names_a_rolling_policy_s_epoch_and_refuses_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_epoch_rolls_at_its_boundary_with_reservations_in_flight() {
     let clock = ManualClock::new(LAST_MINUTE);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     let (status, body) = publish_unnamed(&s, &daily(1_000)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -159,7 +159,7 @@ async fn an_epoch_rolls_at_its_boundary_with_reservations_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reserve_past_the_boundary_lands_in_the_new_epoch() {
     let clock = ManualClock::new(LAST_MINUTE);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     let mut hourly = daily(1_000);
     hourly.epoch_length = EpochLength::Hourly;

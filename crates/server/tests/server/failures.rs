@@ -229,7 +229,7 @@ async fn pipelining_server() -> (
     Arc<reservoir_log::memory::MemoryLog>,
     Arc<TestServer>,
 ) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let log = Arc::new(reservoir_log::memory::MemoryLog::ordered());
     let s = Arc::new(TestServer::start(log.clone(), quiet_config(dir.path())).await);
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
@@ -386,7 +386,7 @@ async fn an_in_doubt_append_that_landed_counts_once_after_the_rebuild() {
 /// conserves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_doubt_rebuild_starts_from_the_last_snapshot() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let log = Arc::new(reservoir_log::memory::MemoryLog::new());
     let config = reservoir_server::Config {
         snapshot_interval: Some(Duration::from_millis(100)),

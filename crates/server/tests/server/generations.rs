@@ -143,7 +143,7 @@ async fn capacity_above_the_new_burst_stays_behind_in_the_closed_generation() {
 async fn debt_from_the_old_generation_freezes_the_new_one_until_refill_repays_it() {
     const T0: u64 = 1_000_000;
     let clock = ManualClock::new(T0);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     // 1,000 burst, 100 units a second.
     s.publish(&policy("t", "r", 1, 1_000, 100), "e").await;
@@ -244,7 +244,7 @@ async fn rollback_with_reservations_in_flight_on_both_generations() {
 /// completes the move, every partition conserves, the sums are unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_between_the_halves_of_a_move_is_completed_by_recovery() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let failpoint = [("RESERVOIR_FAILPOINT_MOVE_HALVES", "pause")];
     let mut server = spawn_server_env(dir.path(), &[], &failpoint).await;
     let client = reqwest::Client::new();

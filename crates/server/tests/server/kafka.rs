@@ -33,7 +33,7 @@ async fn one_node_on_kafka_serves_and_recovers_from_the_topic() {
         .unwrap()
         .as_nanos();
     let topic = format!("reservoir.server-test.{}.{nanos}", std::process::id());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let args = [
         "--log",
         "kafka",

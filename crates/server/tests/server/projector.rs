@@ -241,7 +241,7 @@ async fn check_projector(s: &TestServer, projector: &str, tenant: &str, id: &str
 async fn project_follows_a_kafka_topic_read_only() {
     let Some(brokers) = brokers() else { return };
     let topic = unique_topic();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let mut kafka = KafkaConfig::new(brokers.clone(), "projector-test-writer");
     kafka.topic = topic.clone();
     kafka.partitions_for_new_topic = 3;
@@ -263,7 +263,7 @@ async fn project_follows_a_kafka_topic_read_only() {
     .await;
     let settled = lifecycle(&s, "acme", "k-1").await;
 
-    let projector_dir = tempfile::tempdir().unwrap();
+    let projector_dir = crate::support::tempdir().unwrap();
     let projector = spawn_projector(&[
         "--log",
         "kafka",
@@ -282,12 +282,12 @@ async fn project_follows_a_kafka_topic_read_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn project_follows_a_running_servers_embedded_log() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_in(dir.path()).await;
     let settled = lifecycle(&s, "acme", "e-1").await;
     // The server holds its RocksDB lock throughout; the projector reads as a
     // secondary, given the server's data directory.
-    let projector_dir = tempfile::tempdir().unwrap();
+    let projector_dir = crate::support::tempdir().unwrap();
     let projector = spawn_projector(&[
         "--log",
         "embedded",
@@ -303,7 +303,7 @@ async fn project_follows_a_running_servers_embedded_log() {
 /// Bad input: a clear message and exit code 2, never a panic.
 #[test]
 fn project_refuses_bad_input_with_exit_code_2() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
     for (args, says) in [
         (vec!["--log", "kafka"], "--brokers"),
@@ -401,7 +401,10 @@ async fn cluster_nodes_answer_queries_from_their_own_projection() {
         "http://127.0.0.1:{},http://127.0.0.1:{}",
         ports[0], ports[1]
     );
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let dirs = [
+        crate::support::tempdir().unwrap(),
+        crate::support::tempdir().unwrap(),
+    ];
     let group = format!("{topic}.group");
     let nodes: Vec<Process> = (0..2)
         .map(|i| {

@@ -87,7 +87,7 @@ fn ledger_matches(ledger: &Value, debt: &Value, partition: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queries_follow_a_lifecycle() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_in(dir.path()).await;
     let (status, body) = s.publish(&policy("acme", "chat", 1, 10_000, 0), "e").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -354,7 +354,7 @@ async fn a_position_past_the_log_is_409_at_once_and_bad_params_are_400() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_projection_survives_a_restart_in_the_same_data_dir() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_in(dir.path()).await;
     s.publish(&policy("t", "r", 1, 1_000, 0), "e").await;
     let r = call_for(&s, "a", 100).await;
@@ -525,7 +525,7 @@ async fn the_served_projection_equals_a_rebuild_from_the_log() {
     use reservoir_projections::{dump, store, Projector, ProjectorConfig};
     use reservoir_server::queries::PROJECTIONS_DIR;
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_in(dir.path()).await;
     for tenant in ["acme", "globex"] {
         let (status, body) = s
@@ -555,7 +555,7 @@ async fn the_served_projection_equals_a_rebuild_from_the_log() {
 
     let served = dump(&store::open(dir.path().join(PROJECTIONS_DIR)).unwrap()).unwrap();
     let log = std::sync::Arc::new(EmbeddedLog::open(dir.path().join("log"), "rebuild").unwrap());
-    let rebuilt_dir = tempfile::tempdir().unwrap();
+    let rebuilt_dir = crate::support::tempdir().unwrap();
     let db = store::open(rebuilt_dir.path()).unwrap();
     let mut projector = Projector::open(log, db.clone(), ProjectorConfig::default()).unwrap();
     let events = projector.catch_up().await.unwrap();

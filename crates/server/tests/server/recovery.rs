@@ -80,7 +80,7 @@ async fn not_ready_until_recovery_is_done() {
         inner,
         gate: Semaphore::new(0),
     });
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::start_unready(log.clone(), test_config(dir.path()), ours).await;
     assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
     for _ in 0..3 {
@@ -212,7 +212,7 @@ async fn recover_directly(dir: &std::path::Path) -> reservoir_server::recovery::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_plus_the_log_after_it_recovers_everything() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let config = || {
         let mut c = test_config(dir.path());
         c.snapshot_interval = Some(Duration::from_secs(3_600));
@@ -279,7 +279,7 @@ async fn records_of_a_fenced_writer_do_not_count() {
     use reservoir_core::{apply, decide, Command, Partition, RequestDigest, ReservationId};
     let log = MemoryLog::new();
     let key = PartitionKey::new("t", "r", "e", 1).unwrap();
-    let scratch = tempfile::tempdir().unwrap();
+    let scratch = crate::support::tempdir().unwrap();
     let retired = RetiredIndex::open(scratch.path()).unwrap();
     let mut p = Partition::default();
     let open = Command::OpenPartition {

@@ -119,7 +119,7 @@ fn hex_bytes(s: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issue_moves_available_to_retired_and_signs_the_document() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     assert_eq!(
@@ -406,7 +406,7 @@ async fn reconcile_remints_into_the_active_generation_once_across_switches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spend_above_the_allocation_is_debt_and_late_reconciles_remint_nothing() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     let s = TestServer::embedded_on_clock(dir.path(), Arc::new(clock.clone())).await;
     s.publish(&shard_policy(1, 1_000), "e").await;
@@ -469,7 +469,7 @@ async fn spend_above_the_allocation_is_debt_and_late_reconciles_remint_nothing()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_outlive_a_restart_with_the_same_key_and_show_in_metrics() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let s = TestServer::embedded_in(dir.path()).await;
     s.publish(&shard_policy(1, 1_000), "e").await;
     let doc = issue(&s, "sh-1", 300).await;
@@ -545,7 +545,7 @@ fn reconcile_outcomes_as_a_table() {
 #[test]
 fn the_signing_key_is_made_once_and_refused_when_others_can_read_it() {
     use std::os::unix::fs::OpenOptionsExt;
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let first = ShardSigner::load_or_create(dir.path(), None).unwrap();
     let again = ShardSigner::load_or_create(dir.path(), None).unwrap();
     assert_eq!(first.public_key_hex(), again.public_key_hex());

@@ -276,7 +276,7 @@ async fn a_node_that_never_saw_the_publish_sizes_from_the_log_alone() {
         "nothing kept beside the log"
     );
 
-    let second_dir = tempfile::tempdir().unwrap();
+    let second_dir = crate::support::tempdir().unwrap();
     let second = TestServer::start(log.clone(), test_config(second_dir.path())).await;
     let (status, active) = second.get("/v1/policies/t/chat").await;
     assert_eq!(status, StatusCode::OK, "{active}");

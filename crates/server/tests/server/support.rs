@@ -19,6 +19,35 @@ pub struct TestServer {
     done: Option<tokio::task::JoinHandle<Result<(), String>>>,
 }
 
+/// A fresh directory for one test's data, inside this process's own
+/// directory under the system's temporary one, which is removed when the
+/// process exits. The `TempDir` removes itself when the test ends, but an
+/// in-process server the test did not stop is dropped only with the test's
+/// runtime, after the test's locals: its projector may still be closing its
+/// database while the directory is being removed, and the removal then
+/// leaves it behind. At exit every projector has closed (see
+/// `reservoir_server::queries::ProjectorTask`'s `Drop`).
+pub fn tempdir() -> std::io::Result<tempfile::TempDir> {
+    let parent = TESTS_DIR.get_or_init(|| {
+        let parent =
+            std::env::temp_dir().join(format!("reservoir-server-tests.{}", std::process::id()));
+        std::fs::create_dir_all(&parent).expect("the tests' temporary directory");
+        // SAFETY: registers a function without arguments, run once at exit.
+        unsafe { libc::atexit(remove_tests_dir) };
+        parent
+    });
+    tempfile::tempdir_in(parent)
+}
+
+/// This process's directory of test data (see [`tempdir`]).
+static TESTS_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+extern "C" fn remove_tests_dir() {
+    if let Some(dir) = TESTS_DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Settings for tests: two shards, fast sweeps and refills.
 pub fn test_config(data_dir: &std::path::Path) -> Config {
     Config {
@@ -106,7 +135,7 @@ impl TestServer {
         Arc<reservoir_log::memory::MemoryLog>,
         tempfile::TempDir,
     ) {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempdir().unwrap();
         let log = Arc::new(reservoir_log::memory::MemoryLog::new());
         let server = TestServer::start(log.clone(), test_config(dir.path())).await;
         (server, log, dir)
@@ -151,7 +180,7 @@ impl TestServer {
 
     /// An in-process server on a fresh embedded log in a temporary directory.
     pub async fn embedded() -> (TestServer, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempdir().unwrap();
         let server = TestServer::embedded_in(dir.path()).await;
         (server, dir)
     }

@@ -74,7 +74,7 @@ async fn exchange(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_is_served_over_tls_and_only_over_tls() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = crate::support::tempdir().unwrap();
     let tokens = Tokens::create_in(dir.path());
     let config = reservoir_server::Config {
         auth: tokens.auth_config(),
