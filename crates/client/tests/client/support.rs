@@ -121,8 +121,11 @@ impl Drop for ServerProcess {
 /// One ledger for one test: its data directory, its process and a plain HTTP
 /// client for setup and checks (the client under test is built by the test).
 pub struct Ledger {
-    pub dir: tempfile::TempDir,
+    /// Dropped before `dir` (fields drop in order): the process is killed
+    /// and reaped before its data directory is removed, which it could
+    /// otherwise write into meanwhile, leaving it behind.
     pub server: Option<ServerProcess>,
+    pub dir: tempfile::TempDir,
     pub http: reqwest::Client,
 }
 
