@@ -55,10 +55,10 @@ struct Reading {
 }
 
 impl World {
-    /// Reads client gateway `i`'s scheduler after its tasks ran (see the
-    /// module docs).
-    pub(super) fn read_scheduler(&mut self, i: usize) {
-        let side = &mut self.clients[i];
+    /// Reads the scheduler of `self.clients[client]` after its tasks ran
+    /// (see the module docs).
+    pub(super) fn read_scheduler(&mut self, client: usize) {
+        let side = &mut self.clients[client];
         let shares = side.scheduler.shares();
         let read = |i: usize| -> Option<&TenantShare> {
             shares.iter().find(|s| s.tenant == TENANTS[i].name)
