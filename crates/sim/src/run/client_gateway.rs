@@ -581,8 +581,8 @@ impl World {
 
     /// The client side of call `c`'s gateway (none for the simulator's own).
     fn client_of(&mut self, c: usize) -> Option<&mut ClientSide> {
-        let g = self.calls[c].gateway;
-        self.clients.iter_mut().find(|s| s.gateway == g)
+        let client = self.calls[c].gateway.checked_sub(GATEWAYS)?;
+        self.clients.get_mut(client)
     }
 
     /// The start figures of every client gateway's scheduler, together.
