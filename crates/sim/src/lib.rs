@@ -93,7 +93,9 @@
 //!   gateway is cut off (settled below and above the hold, released, usage
 //!   unknown), reconciled once it is back (a lost answer retried with the
 //!   same receipts, now and then sent twice, late past the grace), offered
-//!   to a second gateway (refused), lost with a gateway restart (refused to
+//!   to a second gateway (refused by its book, a client gateway's among
+//!   them, and the client gateway's shards offered to the others), lost
+//!   with a gateway restart (refused to
 //!   the new process's book, its reconcile under the new boot epoch refused
 //!   by the ledger).
 //! - Ledger faults: failed appends, an append written but its answer lost

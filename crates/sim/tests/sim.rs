@@ -50,6 +50,16 @@ fn a_ci_sized_run_finds_nothing() {
         }
         panic!("{} of {n} interleavings failed a gate", failing.len());
     }
+    // A shard is offered to every kind of second gateway: the client
+    // gateway's book refuses the simulator's gateways' shards, and theirs
+    // refuse the client gateway's.
+    for what in [
+        "shard refused to a client gateway's book",
+        "client gateway's shard refused to a second gateway",
+    ] {
+        let seen = summary.coverage.get(what).copied().unwrap_or(0);
+        assert!(seen > 0, "never seen in {n} interleavings: {what}");
+    }
 }
 
 /// Interleavings of the run with two client gateways.

@@ -108,10 +108,19 @@ impl World {
             }
         }
         if self.rng.chance(250) {
-            let h = (g + 1 + self.rng.index(GATEWAYS - 1)) % GATEWAYS;
+            // Any other gateway, the client gateways' books among them (one
+            // draw, whatever the number of gateways).
+            let n = self.gateways.len();
+            let h = (g + 1 + self.rng.index(n - 1)) % n;
             match self.gateways[h].book.install(held) {
                 Err(reservoir_client::shards::ShardRefused::OtherGateway(_)) => {
                     self.count("shard refused to a second gateway");
+                    if h >= GATEWAYS {
+                        self.count("shard refused to a client gateway's book");
+                    }
+                    if g >= GATEWAYS {
+                        self.count("client gateway's shard refused to a second gateway");
+                    }
                 }
                 other => {
                     let detail = format!(
