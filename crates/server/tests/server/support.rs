@@ -26,11 +26,13 @@ pub struct TestServer {
 /// runtime, after the test's locals: its projector may still be closing its
 /// database while the directory is being removed, and the removal then
 /// leaves it behind. At exit every projector has closed (see
-/// `reservoir_server::queries::ProjectorTask`'s `Drop`).
+/// `reservoir_server::queries::ProjectorTask`'s `Drop`). A process killed
+/// before its exit handlers ran leaves its directory: the next one removes
+/// it ([`remove_orphans`]).
 pub fn tempdir() -> std::io::Result<tempfile::TempDir> {
     let parent = TESTS_DIR.get_or_init(|| {
-        let parent =
-            std::env::temp_dir().join(format!("reservoir-server-tests.{}", std::process::id()));
+        remove_orphans(&std::env::temp_dir());
+        let parent = std::env::temp_dir().join(format!("{TESTS_DIR_PREFIX}{}", std::process::id()));
         std::fs::create_dir_all(&parent).expect("the tests' temporary directory");
         // SAFETY: registers a function without arguments, run once at exit.
         unsafe { libc::atexit(remove_tests_dir) };
@@ -42,9 +44,37 @@ pub fn tempdir() -> std::io::Result<tempfile::TempDir> {
 /// This process's directory of test data (see [`tempdir`]).
 static TESTS_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
+/// The name of a test process's directory, before its process id.
+const TESTS_DIR_PREFIX: &str = "reservoir-server-tests.";
+
 extern "C" fn remove_tests_dir() {
     if let Some(dir) = TESTS_DIR.get() {
         let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Removes the directories in `tmp` of test processes that are gone (killed
+/// by a signal, say, so their exit handler never ran). A directory whose
+/// process id is in use again is left alone: the next run removes it.
+pub fn remove_orphans(tmp: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(TESTS_DIR_PREFIX))
+            .and_then(|p| p.parse::<libc::pid_t>().ok());
+        let Some(pid) = pid.filter(|&p| p > 0) else {
+            continue;
+        };
+        // SAFETY: signal 0 sends nothing; it only asks whether `pid` exists.
+        let gone = unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -406,4 +436,31 @@ pub async fn assert_conserved_at(client: &reqwest::Client, base: &str) -> Vec<Va
         );
     }
     parts
+}
+
+/// A directory left by a test process that is gone is removed; the
+/// directories of live processes, and anything else, are not.
+#[test]
+fn the_directory_of_a_killed_test_process_is_removed_by_the_next() {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("runs `true`");
+    let gone = child.id();
+    child.wait().expect("`true` exits");
+    let orphan = tmp.path().join(format!("{TESTS_DIR_PREFIX}{gone}"));
+    let alive = tmp
+        .path()
+        .join(format!("{TESTS_DIR_PREFIX}{}", std::process::id()));
+    let other = tmp.path().join(format!("{TESTS_DIR_PREFIX}x"));
+    for dir in [&orphan, &alive, &other] {
+        std::fs::create_dir_all(dir.join("data/projections")).expect("a directory");
+    }
+    remove_orphans(tmp.path());
+    assert!(!orphan.exists(), "the gone process's directory stays");
+    assert!(alive.exists(), "a live process's directory was removed");
+    assert!(
+        other.exists(),
+        "a directory not named by a process id was removed"
+    );
 }
