@@ -419,6 +419,27 @@ fn printed_flags_parse_back_into_the_same_run() {
     }
 }
 
+/// A count of zero is refused, naming the flag: a gate table over no
+/// interleavings (or runs of no rounds) would pass while checking nothing.
+#[test]
+fn zero_interleavings_steps_or_threads_are_refused() {
+    use clap::Parser;
+    use reservoir_sim::cli::Cli;
+    for flag in ["--interleavings", "--steps", "--threads"] {
+        let line = format!("reservoir-sim {flag} 0");
+        let err = match Cli::try_parse_from(line.split_whitespace()) {
+            Ok(_) => panic!("{line}: accepted"),
+            Err(err) => err.to_string(),
+        };
+        assert!(
+            err.contains(flag) && err.contains("must be at least 1"),
+            "{line}: {err}"
+        );
+    }
+    let fine = Cli::try_parse_from(["reservoir-sim", "--interleavings", "1", "--steps", "1"]);
+    assert!(fine.is_ok(), "one interleaving of one round is a run");
+}
+
 /// `reservoir-sim --merge FILE | head`: a reader that leaves before the
 /// table is written is not a crash, and the exit code stays the gates'
 /// verdict (0 when every gate passed, 1 on a finding).
