@@ -20,13 +20,13 @@ pub const MAX_CLIENT_GATEWAYS: i64 = 4;
 pub struct Cli {
     /// Runs this many interleavings (seeds `seed`, `seed`+1, …) and prints
     /// the gate table. At least one: a gate passed by no run says nothing.
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = at_least_one::<u64>)]
     pub interleavings: Option<u64>,
     /// The (first) seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Rounds per interleaving, before the quiet drain (at least one).
-    #[arg(long, default_value_t = 200, value_parser = at_least_one_usize)]
+    #[arg(long, default_value_t = 200, value_parser = at_least_one::<usize>)]
     pub steps: usize,
     /// Plants a known bug (the simulator must find it).
     #[arg(long, value_enum)]
@@ -61,7 +61,7 @@ pub struct Cli {
     #[arg(long, conflicts_with = "save")]
     pub no_projector: bool,
     /// Threads running interleavings (each run stays on one thread).
-    #[arg(long, default_value_t = 1, value_parser = at_least_one_usize)]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one::<usize>)]
     pub threads: usize,
     /// With --interleavings (or --import-table): writes the run as a chunk
     /// of the release gate (JSON) to this file.
@@ -80,16 +80,14 @@ pub struct Cli {
 }
 
 /// A count of at least one (`--interleavings`, `--steps`, `--threads`).
-fn at_least_one(raw: &str) -> Result<u64, String> {
-    match raw.parse::<u64>() {
-        Ok(0) => Err("must be at least 1 (a run of nothing checks nothing)".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
+fn at_least_one<T: TryFrom<u64>>(raw: &str) -> Result<T, String>
+where
+    T::Error: std::fmt::Display,
+{
+    match raw.parse::<u64>().map_err(|e| e.to_string())? {
+        0 => Err("must be at least 1 (a run of nothing checks nothing)".into()),
+        n => T::try_from(n).map_err(|e| e.to_string()),
     }
-}
-
-fn at_least_one_usize(raw: &str) -> Result<usize, String> {
-    at_least_one(raw).and_then(|n| usize::try_from(n).map_err(|e| e.to_string()))
 }
 
 impl Cli {

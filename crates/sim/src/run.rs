@@ -285,13 +285,13 @@ impl World {
             false => None,
         };
         let node = Node::boot(log, clock, retired, shards, max_batch).await?;
-        // One router for every client gateway: the node's HTTP side (none
-        // is built when no client gateway calls it).
-        let ledger = (config.client_gateways > 0)
-            .then(|| client_gateway::LedgerHttp::new(node.writers.clone()));
+        // One router for every client gateway: the node's HTTP side, built
+        // for the first (a run without client gateways builds none).
+        let mut ledger = None;
         let clients = (GATEWAYS..gateways.len())
             .map(|g| {
-                let ledger = ledger.as_ref().expect("built for the client gateways");
+                let ledger = ledger
+                    .get_or_insert_with(|| client_gateway::LedgerHttp::new(node.writers.clone()));
                 let concurrency = rng.range(1, 2) as usize;
                 let swapped = config.plant == Some(Plant::SchedulerWeightsSwapped);
                 ClientSide::new(

@@ -31,8 +31,9 @@ pub struct TestServer {
 /// it ([`remove_orphans`]).
 pub fn tempdir() -> std::io::Result<tempfile::TempDir> {
     let parent = TESTS_DIR.get_or_init(|| {
-        remove_orphans(&std::env::temp_dir());
-        let parent = std::env::temp_dir().join(format!("{TESTS_DIR_PREFIX}{}", std::process::id()));
+        let tmp = std::env::temp_dir();
+        remove_orphans(&tmp);
+        let parent = tmp.join(format!("{TESTS_DIR_PREFIX}{}", std::process::id()));
         std::fs::create_dir_all(&parent).expect("the tests' temporary directory");
         // SAFETY: registers a function without arguments, run once at exit.
         unsafe { libc::atexit(remove_tests_dir) };
@@ -56,7 +57,7 @@ extern "C" fn remove_tests_dir() {
 /// Removes the directories in `tmp` of test processes that are gone (killed
 /// by a signal, say, so their exit handler never ran). A directory whose
 /// process id is in use again is left alone: the next run removes it.
-pub fn remove_orphans(tmp: &std::path::Path) {
+fn remove_orphans(tmp: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(tmp) else {
         return;
     };

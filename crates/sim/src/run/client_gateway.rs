@@ -581,8 +581,10 @@ impl World {
 
     /// The client side of call `c`'s gateway (none for the simulator's own).
     fn client_of(&mut self, c: usize) -> Option<&mut ClientSide> {
-        let client = self.calls[c].gateway.checked_sub(GATEWAYS)?;
-        self.clients.get_mut(client)
+        let g = self.calls[c].gateway;
+        let side = self.clients.get_mut(g.checked_sub(GATEWAYS)?)?;
+        assert_eq!(side.gateway, g, "client sides are kept in gateway order");
+        Some(side)
     }
 
     /// The start figures of every client gateway's scheduler, together.
