@@ -60,6 +60,11 @@ pub struct Cli {
     /// its gate, `projection_disagrees`, is not checked).
     #[arg(long, conflicts_with = "save")]
     pub no_projector: bool,
+    /// Now and then a gateway presents another gateway's shard to the
+    /// ledger, which must refuse it: other interleavings (not for the
+    /// release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    pub stolen_shards: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1, value_parser = at_least_one::<usize>)]
     pub threads: usize,
@@ -107,6 +112,7 @@ impl Cli {
                 (false, n) => usize::from(n.unwrap_or(1)),
             },
             projector: !self.no_projector,
+            stolen_shards: self.stolen_shards,
         }
     }
 }

@@ -94,10 +94,11 @@
 //!   unknown), reconciled once it is back (a lost answer retried with the
 //!   same receipts, now and then sent twice, late past the grace), offered
 //!   to a second gateway (refused by its book, a client gateway's among
-//!   them, and the client gateway's shards offered to the others), lost
-//!   with a gateway restart (refused to
-//!   the new process's book, its reconcile under the new boot epoch refused
-//!   by the ledger).
+//!   them, and the client gateway's shards offered to the others; with
+//!   `--stolen-shards` the second gateway then presents it to the ledger
+//!   under its own id, which must refuse it), lost with a gateway restart
+//!   (refused to the new process's book, its reconcile under the new boot
+//!   epoch refused by the ledger).
 //! - Ledger faults: failed appends, an append written but its answer lost
 //!   (in doubt: the node re-claims the log and rebuilds), a fatal append (the
 //!   node restarts), a crash with batches in flight (appends held, the writer
@@ -271,6 +272,9 @@
 //! - `scheduler-weights-swapped`: what the client gateway's scheduler is
 //!   *configured* with: the tenants' weights the wrong way round (a table
 //!   keyed by the wrong names), so the lighter tenant's calls start ahead.
+//! - `identity-cloned`: what a second gateway *is*: it runs under the id
+//!   and boot epoch of the gateway a shard was issued to (a cloned machine
+//!   image), so its book takes the other's shard when it is offered.
 
 /// The allocator of everything that links this crate: the `reservoir-sim`
 /// binary and the test binary (the CI run is the simulator's largest user).

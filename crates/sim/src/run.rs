@@ -47,7 +47,7 @@ use client_gateway::ClientSide;
 use gateway::{Call, Phase, RetiredSeen, Told};
 use operator::Line;
 use projection::Projection;
-use shards::{Gateway, LocalCall, ShardPhase, SimShard};
+use shards::{Gateway, LocalCall, Presenter, ShardPhase, SimShard};
 
 /// Lines of the trace a failing run prints.
 pub const TRACE_TAIL: usize = 40;
@@ -187,8 +187,8 @@ enum Origin {
     Snapshot(usize),
     /// An emergency shard's issue or reconcile, sent in the phase named.
     Shard(usize, ShardPhase),
-    /// A restarted gateway presenting its predecessor's shard.
-    ShardProbe(usize),
+    /// A shard presented by a gateway it is not bound to.
+    ShardProbe(usize, Presenter),
 }
 
 struct World {
@@ -210,6 +210,9 @@ struct World {
     clients: Vec<ClientSide>,
     /// The projector following the log (`None` with `--no-projector`).
     projection: Option<Projection>,
+    /// A second gateway now and then presents a shard its book refused
+    /// (`--stolen-shards`).
+    stolen_shards: bool,
     /// A snapshot being taken this round: its cut, and each shard's part.
     taking: Option<(reservoir_server::snapshot::Cut, Vec<Option<SnapshotPart>>)>,
     /// Copies of call requests the network holds: (round due, call, phase).
@@ -231,11 +234,12 @@ struct World {
     /// What the model check last decoded from the node's index.
     retired_seen: RetiredSeen,
     /// Emergency shards (see `shards`): each gateway's book, the shards,
-    /// the calls admitted from them, the probes a restart left.
+    /// the calls admitted from them, the probes a restart (or a second
+    /// gateway) left.
     gateways: Vec<Gateway>,
     shards: Vec<SimShard>,
     local_calls: Vec<LocalCall>,
-    probes: Vec<(usize, usize, Request)>,
+    probes: Vec<(usize, Presenter, usize, Request)>,
     signer: Arc<reservoir_server::shards::ShardSigner>,
     _dir: tempfile::TempDir,
 }
@@ -330,6 +334,7 @@ impl World {
             zombie: None,
             zombies: config.zombies,
             chat_shards: config.chat_shards,
+            stolen_shards: config.stolen_shards,
             stream_cancel: config.stream_cancel,
             clients,
             projection,
@@ -605,7 +610,7 @@ impl World {
                 self.deliver_to_call(c, phase, reply, lost || cut_off)
             }
             Origin::Shard(s, phase) => self.deliver_to_shard(s, phase, reply, lost),
-            Origin::ShardProbe(s) => self.deliver_probe(s, reply),
+            Origin::ShardProbe(s, by) => self.deliver_probe(s, by, reply),
             Origin::Operator(i) => self.deliver_to_operator(i, reply, lost),
             Origin::Sweeper(what) => {
                 let outcome = outcome_of(&reply);

@@ -110,6 +110,39 @@ fn two_client_gateways_find_nothing_and_a_plant_on_the_second_is_caught() {
     println!("fallback-after-send at gw-4: found in seed {seed}");
 }
 
+/// Interleavings of the run with stolen shards.
+const STOLEN_SHARDS_INTERLEAVINGS: u64 = 200;
+
+/// A gateway offered another's shard presents it to the ledger after its
+/// book refused it (`--stolen-shards`): the ledger refuses every such
+/// reconcile, the shard's own gateway reconciles it as before, and nothing
+/// else fails.
+#[test]
+fn a_shard_presented_by_a_second_gateway_is_refused_by_the_ledger() {
+    let config = RunConfig {
+        stolen_shards: true,
+        ..RunConfig::new(CI_STEPS)
+    };
+    let (summary, failing) = run_many(STOLEN_SHARDS_INTERLEAVINGS, &config, CI_THREADS);
+    for o in &failing {
+        let f = &o.findings[0];
+        println!("seed {}: {}: {}", o.seed, f.gate.name(), f.detail);
+        println!("  replay: {}", replay_command(o.seed, &config));
+    }
+    assert!(failing.is_empty(), "{} interleavings failed", failing.len());
+    let seen = |what: &str| summary.coverage.get(what).copied().unwrap_or(0);
+    let (offered, refused) = (
+        seen("shard refused to a second gateway"),
+        seen("second gateway's reconcile refused by the ledger"),
+    );
+    println!("{offered} shards refused by a second gateway's book, {refused} of their reconciles refused by the ledger");
+    // Every probe is answered (refused) or found the ledger unavailable.
+    assert!(
+        refused > 0 && refused <= offered,
+        "{refused} of {offered} presented shards refused"
+    );
+}
+
 /// The gates that must see a plant (the first check after it can see it
 /// through any of them, depending on what else the round did). A match, so
 /// a new plant cannot be left out of the test.
@@ -146,6 +179,8 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         Plant::ProjectorSkips => &[Gate::ProjectionDisagrees],
         Plant::SchedulerWeightsSwapped => &[Gate::SchedulerOverBudget],
         Plant::ReplaySkips => &[Gate::ReplayDisagrees],
+        // The second gateway's book takes the shard it is offered.
+        Plant::IdentityCloned => &[Gate::ShardDoubleSpent],
     }
 }
 
@@ -399,6 +434,10 @@ fn printed_flags_parse_back_into_the_same_run() {
         },
         RunConfig {
             projector: false,
+            ..base.clone()
+        },
+        RunConfig {
+            stolen_shards: true,
             ..base.clone()
         },
     ];

@@ -47,10 +47,14 @@ pub enum Plant {
     /// or its partitions differ from the projection (needs a run with the
     /// projector).
     ReplaySkips,
+    /// A second gateway runs under the identity of the gateway a shard was
+    /// issued to (its id and boot epoch copied, as a cloned machine image
+    /// would): its book takes the other's shard when it is offered.
+    IdentityCloned,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 10] = [
+    pub const ALL: [Plant; 11] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
@@ -61,6 +65,7 @@ impl Plant {
         Plant::ProjectorSkips,
         Plant::SchedulerWeightsSwapped,
         Plant::ReplaySkips,
+        Plant::IdentityCloned,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +80,7 @@ impl Plant {
             Plant::ProjectorSkips => "projector-skips",
             Plant::SchedulerWeightsSwapped => "scheduler-weights-swapped",
             Plant::ReplaySkips => "replay-skips",
+            Plant::IdentityCloned => "identity-cloned",
         }
     }
 }
@@ -123,6 +129,12 @@ pub struct RunConfig {
     /// nothing from the world's generator: a seed runs the same
     /// interleaving either way (`--no-projector` skips it).
     pub projector: bool,
+    /// Now and then a gateway offered another's shard, whose book refused
+    /// it, presents it to the ledger anyway (a reconcile under its own id
+    /// and boot epoch), which must refuse it. Off by default: it sends
+    /// requests the release gate's interleavings never sent
+    /// (`--stolen-shards` runs other interleavings).
+    pub stolen_shards: bool,
 }
 
 impl RunConfig {
@@ -136,6 +148,7 @@ impl RunConfig {
             stream_cancel: true,
             client_gateways: 1,
             projector: true,
+            stolen_shards: false,
         }
     }
 
@@ -161,6 +174,9 @@ impl RunConfig {
         }
         if !self.projector {
             flags.push_str(" --no-projector");
+        }
+        if self.stolen_shards {
+            flags.push_str(" --stolen-shards");
         }
         flags
     }

@@ -2,12 +2,13 @@
 //!
 //! An issue answer installs the document in the gateway's book (or, offered
 //! to a second gateway or a restarted one, must be refused); a reconcile
-//! answer records what the ledger reminted or took as debt; a probe shows a
-//! stale process's reconcile refused. After every round `check_shards` holds
-//! each book and every shard's reminted units to the simulator's own tally
-//! of the local calls (the gates `shard_books`, `shard_double_spent`,
-//! `duplicate_remint` and `remint_unbacked`). The requests themselves, and
-//! the gateways' side, are in `shards`.
+//! answer records what the ledger reminted or took as debt; a probe shows
+//! the reconcile of a gateway the shard is not bound to (a restarted one,
+//! or with `--stolen-shards` a second one) refused. After every round
+//! `check_shards` holds each book and every shard's reminted units to the
+//! simulator's own tally of the local calls (the gates `shard_books`,
+//! `shard_double_spent`, `duplicate_remint` and `remint_unbacked`). The
+//! requests themselves, and the gateways' side, are in `shards`.
 
 use reservoir_client::shards::{Reconcile, ReconcileOutcome, ShardDocument as HeldDocument};
 use reservoir_core::partition::RemintedShard;
@@ -112,7 +113,16 @@ impl World {
             // draw, whatever the number of gateways).
             let n = self.gateways.len();
             let h = (g + 1 + self.rng.index(n - 1)) % n;
-            match self.gateways[h].book.install(held) {
+            let installed = if self.plant == Some(Plant::IdentityCloned) {
+                // gw-h runs under gw-g's id and boot epoch: its book is one
+                // that gw-g's shards fit.
+                let key = self.signer.public_key_hex();
+                let clone = Gateway::new(g, self.shards[s].boot_epoch, &key, &self.node.clock);
+                clone.book.install(held.clone())
+            } else {
+                self.gateways[h].book.install(held.clone())
+            };
+            match installed {
                 Err(reservoir_client::shards::ShardRefused::OtherGateway(_)) => {
                     self.count("shard refused to a second gateway");
                     if h >= GATEWAYS {
@@ -120,6 +130,9 @@ impl World {
                     }
                     if g >= GATEWAYS {
                         self.count("client gateway's shard refused to a second gateway");
+                    }
+                    if self.stolen_shards {
+                        self.present_stolen(s, h, held);
                     }
                 }
                 other => {
@@ -164,18 +177,42 @@ impl World {
         self.findings.extend(out);
     }
 
-    /// A restarted gateway presented its predecessor's shard: refused.
-    pub(super) fn deliver_probe(&mut self, s: usize, reply: Reply) {
-        let what = format!(
-            "  shard {} reconcile by the restarted gateway",
-            self.shards[s].id
-        );
+    /// Gateway `h`, whose book refused shard `s`, presents it to the ledger
+    /// anyway, under its own id and boot epoch, with no receipts: sent in
+    /// the next wave, before or after its own gateway reconciles it.
+    fn present_stolen(&mut self, s: usize, h: usize, document: HeldDocument) {
+        let body = serde_json::json!({
+            "shard": document,
+            "gateway_id": gateway_id(h),
+            "gateway_boot_epoch": self.gateways[h].boot_epoch,
+            "receipts": [],
+        });
+        if let Some(request) = self.reconcile_of(s, body) {
+            let writer = self.writer_of(s);
+            self.probes.push((s, Presenter::Other(h), writer, request));
+        }
+    }
+
+    /// A gateway presented a shard not bound to it (a restarted gateway its
+    /// predecessor's, or a second gateway another's): refused.
+    pub(super) fn deliver_probe(&mut self, s: usize, by: Presenter, reply: Reply) {
+        let (who, refused) = match by {
+            Presenter::Restarted => (
+                "the restarted gateway".to_string(),
+                "old shard's reconcile refused after a restart",
+            ),
+            Presenter::Other(h) => (
+                format!("gw-{h}, a second gateway"),
+                "second gateway's reconcile refused by the ledger",
+            ),
+        };
+        let what = format!("  shard {} reconcile by {who}", self.shards[s].id);
         self.note(format!("{what} -> {}", outcome_of(&reply)));
         match reply {
             Err(Failure::Conflict {
                 code: "shard_binding_mismatch",
                 ..
-            }) => self.count("old shard's reconcile refused after a restart"),
+            }) => self.count(refused),
             Err(Failure::Unavailable(_)) => {}
             other => {
                 let detail = format!("{what}: {}", outcome_of(&other));

@@ -77,6 +77,15 @@ impl Gateway {
     }
 }
 
+/// Who presents a shard the ledger must refuse (`Origin::ShardProbe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Presenter {
+    /// Its own gateway after a restart, under the new boot epoch.
+    Restarted,
+    /// Another gateway (`--stolen-shards`), under its own id and epoch.
+    Other(usize),
+}
+
 pub(super) fn gateway_id(g: usize) -> String {
     format!("gw-{g}")
 }
@@ -331,7 +340,8 @@ impl World {
                 "receipts": [],
             });
             if let Some(request) = self.reconcile_of(s, body) {
-                self.probes.push((s, self.writer_of(s), request));
+                self.probes
+                    .push((s, Presenter::Restarted, self.writer_of(s), request));
             }
         }
     }
@@ -412,7 +422,7 @@ impl World {
     }
 
     /// The writer shard that decides shard `s`'s requests.
-    fn writer_of(&self, s: usize) -> usize {
+    pub(super) fn writer_of(&self, s: usize) -> usize {
         let shard = &self.shards[s];
         let tenant = TENANTS[shard.tenant].name;
         self.node.writers.shard_of(tenant, shard.route.name())
@@ -488,7 +498,7 @@ impl World {
 
     /// The writer's request for a reconcile body, through the server's own
     /// translation (`None`, with a finding: it refused a body it should take).
-    fn reconcile_of(&mut self, s: usize, body: serde_json::Value) -> Option<Request> {
+    pub(super) fn reconcile_of(&mut self, s: usize, body: serde_json::Value) -> Option<Request> {
         let id = self.shards[s].id.clone();
         let translated = serde_json::from_value::<ReconcileBody>(body)
             .map_err(|e| e.to_string())
@@ -506,11 +516,12 @@ impl World {
     }
 
     /// Wave 0's shard requests: issues and reconciles of reachable gateways
-    /// (now and then sent twice), and the probes a restart left.
+    /// (now and then sent twice), and the probes a restart or a second
+    /// gateway left.
     pub(super) fn shard_requests(&mut self) -> Vec<(Origin, usize, Request)> {
         let mut requests = Vec::new();
-        for (s, shard, request) in std::mem::take(&mut self.probes) {
-            requests.push((Origin::ShardProbe(s), shard, request));
+        for (s, by, shard, request) in std::mem::take(&mut self.probes) {
+            requests.push((Origin::ShardProbe(s, by), shard, request));
         }
         for s in 0..self.shards.len() {
             let shard = &self.shards[s];
