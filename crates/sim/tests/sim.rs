@@ -33,6 +33,23 @@ fn run_many(n: u64, config: &RunConfig, threads: usize) -> (Summary, Vec<RunOutc
     run_seeds(1, n, config, threads, |_, _| {})
 }
 
+/// Runs seeds `1..=n` of a configuration other than the gate's and fails,
+/// printing each failing seed's replay command, if any finds something.
+fn run_clean(n: u64, config: &RunConfig) -> Summary {
+    let (summary, failing) = run_many(n, config, CI_THREADS);
+    for o in &failing {
+        let f = &o.findings[0];
+        println!("seed {}: {}: {}", o.seed, f.gate.name(), f.detail);
+        println!("  replay: {}", replay_command(o.seed, config));
+    }
+    assert!(
+        failing.is_empty(),
+        "{} of {n} interleavings failed",
+        failing.len()
+    );
+    summary
+}
+
 #[test]
 fn a_ci_sized_run_finds_nothing() {
     let n = interleavings();
@@ -75,14 +92,8 @@ fn two_client_gateways_find_nothing_and_a_plant_on_the_second_is_caught() {
         client_gateways: 2,
         ..RunConfig::new(CI_STEPS)
     };
-    let (summary, failing) = run_many(TWO_CLIENTS_INTERLEAVINGS, &config, CI_THREADS);
+    let summary = run_clean(TWO_CLIENTS_INTERLEAVINGS, &config);
     println!("{}", summary.table());
-    for o in &failing {
-        let f = &o.findings[0];
-        println!("seed {}: {}: {}", o.seed, f.gate.name(), f.detail);
-        println!("  replay: {}", replay_command(o.seed, &config));
-    }
-    assert!(failing.is_empty(), "{} interleavings failed", failing.len());
     let calls = |what: &str| summary.coverage.get(what).copied().unwrap_or(0);
     let (all, second) = (
         calls("client calls"),
@@ -123,13 +134,7 @@ fn a_shard_presented_by_a_second_gateway_is_refused_by_the_ledger() {
         stolen_shards: true,
         ..RunConfig::new(CI_STEPS)
     };
-    let (summary, failing) = run_many(STOLEN_SHARDS_INTERLEAVINGS, &config, CI_THREADS);
-    for o in &failing {
-        let f = &o.findings[0];
-        println!("seed {}: {}: {}", o.seed, f.gate.name(), f.detail);
-        println!("  replay: {}", replay_command(o.seed, &config));
-    }
-    assert!(failing.is_empty(), "{} interleavings failed", failing.len());
+    let summary = run_clean(STOLEN_SHARDS_INTERLEAVINGS, &config);
     let seen = |what: &str| summary.coverage.get(what).copied().unwrap_or(0);
     let (offered, refused) = (
         seen("shard refused to a second gateway"),
