@@ -132,7 +132,7 @@ impl World {
                         self.count("client gateway's shard refused to a second gateway");
                     }
                     if self.stolen_shards {
-                        self.present_stolen(s, h, held);
+                        self.present_unbound(s, Presenter::Other(h), held);
                     }
                 }
                 other => {
@@ -175,22 +175,6 @@ impl World {
         let mut out = Vec::new();
         self.check_remint(s, &outcome.record, &mut out);
         self.findings.extend(out);
-    }
-
-    /// Gateway `h`, whose book refused shard `s`, presents it to the ledger
-    /// anyway, under its own id and boot epoch, with no receipts: sent in
-    /// the next wave, before or after its own gateway reconciles it.
-    fn present_stolen(&mut self, s: usize, h: usize, document: HeldDocument) {
-        let body = serde_json::json!({
-            "shard": document,
-            "gateway_id": gateway_id(h),
-            "gateway_boot_epoch": self.gateways[h].boot_epoch,
-            "receipts": [],
-        });
-        if let Some(request) = self.reconcile_of(s, body) {
-            let writer = self.writer_of(s);
-            self.probes.push((s, Presenter::Other(h), writer, request));
-        }
     }
 
     /// A gateway presented a shard not bound to it (a restarted gateway its

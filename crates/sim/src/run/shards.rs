@@ -333,16 +333,28 @@ impl World {
                 continue;
             }
             // The new process presents the old shard anyway: refused.
-            let body = serde_json::json!({
-                "shard": document,
-                "gateway_id": gateway_id(g),
-                "gateway_boot_epoch": boot_epoch,
-                "receipts": [],
-            });
-            if let Some(request) = self.reconcile_of(s, body) {
-                self.probes
-                    .push((s, Presenter::Restarted, self.writer_of(s), request));
-            }
+            self.present_unbound(s, Presenter::Restarted, document);
+        }
+    }
+
+    /// A gateway shard `s` is not bound to presents it to the ledger (a
+    /// reconcile under its own id and boot epoch, no receipts), sent in the
+    /// next wave: the restarted process of its own gateway, or a second
+    /// gateway whose book refused it.
+    pub(super) fn present_unbound(&mut self, s: usize, by: Presenter, document: HeldDocument) {
+        let g = match by {
+            Presenter::Restarted => self.shards[s].gateway,
+            Presenter::Other(h) => h,
+        };
+        let body = serde_json::json!({
+            "shard": document,
+            "gateway_id": gateway_id(g),
+            "gateway_boot_epoch": self.gateways[g].boot_epoch,
+            "receipts": [],
+        });
+        if let Some(request) = self.reconcile_of(s, body) {
+            let writer = self.writer_of(s);
+            self.probes.push((s, by, writer, request));
         }
     }
 
@@ -422,7 +434,7 @@ impl World {
     }
 
     /// The writer shard that decides shard `s`'s requests.
-    pub(super) fn writer_of(&self, s: usize) -> usize {
+    fn writer_of(&self, s: usize) -> usize {
         let shard = &self.shards[s];
         let tenant = TENANTS[shard.tenant].name;
         self.node.writers.shard_of(tenant, shard.route.name())
@@ -498,7 +510,7 @@ impl World {
 
     /// The writer's request for a reconcile body, through the server's own
     /// translation (`None`, with a finding: it refused a body it should take).
-    pub(super) fn reconcile_of(&mut self, s: usize, body: serde_json::Value) -> Option<Request> {
+    fn reconcile_of(&mut self, s: usize, body: serde_json::Value) -> Option<Request> {
         let id = self.shards[s].id.clone();
         let translated = serde_json::from_value::<ReconcileBody>(body)
             .map_err(|e| e.to_string())
