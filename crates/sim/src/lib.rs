@@ -298,7 +298,9 @@ pub mod workload;
 
 pub use check::{Finding, Gate};
 pub use report::Summary;
-pub use run::{policies_valid, run, Plant, RunConfig, RunOutcome};
+pub use run::{
+    policies_valid, run, Plant, RunConfig, RunOutcome, STOLEN_UNAVAILABLE, STOLEN_UNSENT,
+};
 
 /// Runs seeds `first .. first + n` on `threads` threads (each run stays on
 /// its thread), calling `done` after each with the summary so far and the

@@ -42,6 +42,7 @@ mod shards;
 mod stream;
 
 pub use config::{Plant, RunConfig};
+pub use shard_answers::{STOLEN_UNAVAILABLE, STOLEN_UNSENT};
 
 use client_gateway::ClientSide;
 use gateway::{Call, Phase, RetiredSeen, Told};
@@ -239,7 +240,8 @@ struct World {
     gateways: Vec<Gateway>,
     shards: Vec<SimShard>,
     local_calls: Vec<LocalCall>,
-    probes: Vec<(usize, Presenter, usize, Request)>,
+    /// Requests for the next wave, as they go out: (origin, writer, request).
+    probes: Vec<(Origin, usize, Request)>,
     signer: Arc<reservoir_server::shards::ShardSigner>,
     _dir: tempfile::TempDir,
 }
@@ -643,6 +645,16 @@ impl World {
     fn finish(mut self, rounds: usize) -> RunOutcome {
         for (event, n) in &self.mirror.events {
             *self.coverage.entry(event).or_default() += n;
+        }
+        // A probe made in the last rounds is never sent: the quiet drain
+        // waits for calls, operator lines and shards, not probes.
+        let stolen_unsent = self
+            .probes
+            .iter()
+            .filter(|(origin, _, _)| matches!(origin, Origin::ShardProbe(_, Presenter::Other(_))))
+            .count();
+        if stolen_unsent > 0 {
+            *self.coverage.entry(STOLEN_UNSENT).or_default() += stolen_unsent as u64;
         }
         for p in self.mirror.partitions.values() {
             let moves: Vec<_> = p.moves_out.values().collect();

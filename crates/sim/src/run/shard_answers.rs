@@ -17,6 +17,11 @@ use reservoir_server::shards::bodies::{ReconcileView, ShardDocumentView};
 use super::shards::gateway_id;
 use super::*;
 
+/// Coverage: a stolen shard's reconcile that found the ledger unavailable.
+pub const STOLEN_UNAVAILABLE: &str = "second gateway's reconcile: ledger unavailable";
+/// Coverage: a stolen shard's reconcile still unsent when the run ended.
+pub const STOLEN_UNSENT: &str = "second gateway's reconcile: unsent when the run ended";
+
 impl World {
     /// The answer to shard `s`'s request sent in phase `sent`. A gateway cut
     /// off does not hear it; an answer to a copy whose twin already moved
@@ -197,7 +202,13 @@ impl World {
                 code: "shard_binding_mismatch",
                 ..
             }) => self.count(refused),
-            Err(Failure::Unavailable(_)) => {}
+            Err(Failure::Unavailable(_)) => {
+                // Counted for stolen shards only: a new key in the restart
+                // probe's coverage would be missing from the gate's chunks.
+                if matches!(by, Presenter::Other(_)) {
+                    self.count(STOLEN_UNAVAILABLE);
+                }
+            }
             other => {
                 let detail = format!("{what}: {}", outcome_of(&other));
                 self.findings.push(finding(Gate::RemintUnbacked, detail));

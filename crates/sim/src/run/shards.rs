@@ -354,7 +354,8 @@ impl World {
         });
         if let Some(request) = self.reconcile_of(s, body) {
             let writer = self.writer_of(s);
-            self.probes.push((s, by, writer, request));
+            self.probes
+                .push((Origin::ShardProbe(s, by), writer, request));
         }
     }
 
@@ -531,10 +532,7 @@ impl World {
     /// (now and then sent twice), and the probes a restart or a second
     /// gateway left.
     pub(super) fn shard_requests(&mut self) -> Vec<(Origin, usize, Request)> {
-        let mut requests = Vec::new();
-        for (s, by, shard, request) in std::mem::take(&mut self.probes) {
-            requests.push((Origin::ShardProbe(s, by), shard, request));
-        }
+        let mut requests = std::mem::take(&mut self.probes);
         for s in 0..self.shards.len() {
             let shard = &self.shards[s];
             let due = matches!(shard.phase, ShardPhase::Asking | ShardPhase::Reconciling);
