@@ -275,6 +275,12 @@
 //! - `identity-cloned`: what a second gateway *is*: it runs under the id
 //!   and boot epoch of the gateway a shard was issued to (a cloned machine
 //!   image), so its book takes the other's shard when it is offered.
+//! - `binding-from-document`: what the ledger is *told*: a reconcile
+//!   names the gateway id and boot epoch its shard document is bound to
+//!   instead of the presenter's own (an SDK or proxy that copies them from
+//!   the document), so the ledger takes a shard presented by the restarted
+//!   process of its gateway, or by a second gateway, and the probe's check
+//!   (refused or unavailable, nothing else) fails.
 
 /// The allocator of everything that links this crate: the `reservoir-sim`
 /// binary and the test binary (the CI run is the simulator's largest user).

@@ -10,8 +10,8 @@
 
 use reservoir_sim::chunk::{self, Chunk};
 use reservoir_sim::{
-    policies_valid, replay_command, run, run_seeds, Gate, Plant, RunConfig, RunOutcome, Summary,
-    STOLEN_UNAVAILABLE, STOLEN_UNSENT,
+    policies_valid, replay_command, run, run_seeds, Finding, Gate, Plant, RunConfig, RunOutcome,
+    Summary, STOLEN_UNAVAILABLE, STOLEN_UNSENT,
 };
 
 /// Interleavings of the CI run, and rounds in each.
@@ -110,16 +110,18 @@ fn two_client_gateways_find_nothing_and_a_plant_on_the_second_is_caught() {
         plant: Some(Plant::FallbackAfterSend),
         ..config
     };
-    let found = (1..=PLANTED_WITHIN).find(|&seed| {
-        run(seed, &planted)
-            .findings
-            .iter()
-            .any(|f| f.gate == Gate::ModelDisagrees && f.detail.starts_with("g4-c"))
-    });
-    let seed = found.unwrap_or_else(|| {
-        panic!("fallback-after-send at gw-4 not found in {PLANTED_WITHIN} interleavings")
+    let seed = first_seed_finding(&planted, "fallback-after-send at gw-4", |f| {
+        f.gate == Gate::ModelDisagrees && f.detail.starts_with("g4-c")
     });
     println!("fallback-after-send at gw-4: found in seed {seed}");
+}
+
+/// The first seed of `config`'s run (within `PLANTED_WITHIN`) with a
+/// finding that `wanted` picks: a plant seen where it was planted.
+fn first_seed_finding(config: &RunConfig, what: &str, wanted: impl Fn(&Finding) -> bool) -> u64 {
+    (1..=PLANTED_WITHIN)
+        .find(|&seed| run(seed, config).findings.iter().any(&wanted))
+        .unwrap_or_else(|| panic!("{what} not found in {PLANTED_WITHIN} interleavings"))
 }
 
 /// Interleavings of the run with stolen shards.
@@ -151,6 +153,16 @@ fn a_shard_presented_by_a_second_gateway_is_refused_by_the_ledger() {
         offered,
         "every shard a book refused is presented, and answered"
     );
+    // The check can fail: told the bound identity, the ledger takes the
+    // second gateway's presentation.
+    let planted = RunConfig {
+        plant: Some(Plant::BindingFromDocument),
+        ..config
+    };
+    let seed = first_seed_finding(&planted, "a second gateway's remint", |f| {
+        f.gate == Gate::RemintUnbacked && f.detail.contains("a second gateway")
+    });
+    println!("binding-from-document at a second gateway: found in seed {seed}");
 }
 
 /// The gates that must see a plant (the first check after it can see it
@@ -191,6 +203,10 @@ fn seen_by(plant: Plant) -> &'static [Gate] {
         Plant::ReplaySkips => &[Gate::ReplayDisagrees],
         // The second gateway's book takes the shard it is offered.
         Plant::IdentityCloned => &[Gate::ShardDoubleSpent],
+        // The ledger answers a reconcile from a gateway the shard is not
+        // bound to (the restarted process, or a second gateway) with
+        // anything but `shard_binding_mismatch`.
+        Plant::BindingFromDocument => &[Gate::RemintUnbacked],
     }
 }
 

@@ -51,10 +51,16 @@ pub enum Plant {
     /// issued to (its id and boot epoch copied, as a cloned machine image
     /// would): its book takes the other's shard when it is offered.
     IdentityCloned,
+    /// A reconcile names the identity its shard document is bound to, not
+    /// the presenting gateway's (a gateway SDK or proxy that copies the
+    /// document's `gateway_id` and boot epoch into the body): the ledger,
+    /// told the bound identity, takes a shard from a gateway it is not bound
+    /// to.
+    BindingFromDocument,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 11] = [
+    pub const ALL: [Plant; 12] = [
         Plant::DoubleRefund,
         Plant::DebtNotCarried,
         Plant::LostWrite,
@@ -66,6 +72,7 @@ impl Plant {
         Plant::SchedulerWeightsSwapped,
         Plant::ReplaySkips,
         Plant::IdentityCloned,
+        Plant::BindingFromDocument,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +88,7 @@ impl Plant {
             Plant::SchedulerWeightsSwapped => "scheduler-weights-swapped",
             Plant::ReplaySkips => "replay-skips",
             Plant::IdentityCloned => "identity-cloned",
+            Plant::BindingFromDocument => "binding-from-document",
         }
     }
 }

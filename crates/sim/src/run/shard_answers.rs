@@ -210,7 +210,7 @@ impl World {
                 }
             }
             other => {
-                let detail = format!("{what}: {}", outcome_of(&other));
+                let detail = format!("{}: {}", what.trim_start(), outcome_of(&other));
                 self.findings.push(finding(Gate::RemintUnbacked, detail));
             }
         }

@@ -346,10 +346,15 @@ impl World {
             Presenter::Restarted => self.shards[s].gateway,
             Presenter::Other(h) => h,
         };
+        // Planted: the body names the identity the document is bound to.
+        let (id, boot_epoch) = match self.plant == Some(Plant::BindingFromDocument) {
+            true => (document.gateway_id.clone(), document.gateway_boot_epoch),
+            false => (gateway_id(g), self.gateways[g].boot_epoch),
+        };
         let body = serde_json::json!({
             "shard": document,
-            "gateway_id": gateway_id(g),
-            "gateway_boot_epoch": self.gateways[g].boot_epoch,
+            "gateway_id": id,
+            "gateway_boot_epoch": boot_epoch,
             "receipts": [],
         });
         if let Some(request) = self.reconcile_of(s, body) {
