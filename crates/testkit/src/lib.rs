@@ -4,12 +4,14 @@
 //! printed (by gdb, when the machine has it) with the last lines it logged,
 //! is killed, and fails the test that waited, so a hang costs a test its
 //! limit and says where it hung, instead of stalling the whole run until CI's
-//! budget ends with nothing to go on.
+//! budget ends with nothing to go on. And the port of a process a test
+//! killed, held so that nothing else answers on it ([`DeadPort`]).
 //!
 //! A dev-dependency only: nothing here ships.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
 use std::process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -134,9 +136,65 @@ fn hung(child: &mut Child, what: &str, limit: Duration, tail: Option<&StderrTail
     panic!("{what} (pid {pid}) did not finish within {limit:?}; stacks above");
 }
 
+/// The port of a process a test killed, held for as long as this lives:
+/// bound, never listening, so a connection to it is refused at once, as to
+/// a process that is gone. Without it the kernel may give the freed port to
+/// another test's listener (tests run in parallel), and a request meant to
+/// find no one reaches a server that answers, or one that never does: a
+/// client test's reserve that should have fallen back to a shard once timed
+/// out instead.
+pub struct DeadPort {
+    _socket: tokio::net::TcpSocket,
+}
+
+impl DeadPort {
+    /// Takes `addr`'s port; call it right after the process was reaped.
+    /// A listener closed a moment ago may still hold it for a moment: a
+    /// process forked meanwhile (a parallel test spawning a child) keeps a
+    /// copy of every descriptor until it execs, so this tries for a while.
+    pub fn hold(addr: SocketAddr) -> DeadPort {
+        let started = Instant::now();
+        loop {
+            match Self::bind(addr) {
+                Ok(socket) => return DeadPort { _socket: socket },
+                Err(e) if started.elapsed() > Duration::from_secs(5) => {
+                    panic!("{addr}, a dead process's port, stayed taken: {e}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }?;
+        // The dead process's closed connections may sit in TIME_WAIT. With
+        // SO_REUSEADDR a listener that names the port could still bind it;
+        // one that asks for any port (port 0, as every test's does) is never
+        // given a port a socket holds.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        Ok(socket)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_port_held_refuses_connections() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let early = std::net::TcpStream::connect(addr).expect("a live listener");
+        drop((early, listener)); // the process is gone
+        let held = DeadPort::hold(addr);
+        let refused = std::net::TcpStream::connect(addr).expect_err("nobody listens");
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        drop(held);
+    }
 
     #[test]
     fn a_finished_command_gives_its_output() {

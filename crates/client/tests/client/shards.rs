@@ -112,7 +112,7 @@ async fn a_partitioned_ledger_admits_within_the_shard_and_reconciles_once() {
     assert_eq!(b.local_available_units, 300);
 
     // The ledger dies mid-traffic (SIGKILL): the shard admits, within itself.
-    ledger.server.take().unwrap().kill();
+    ledger.kill();
     let settled = client
         .reserve(ReserveRequest::units("t", "r", 100))
         .await
@@ -270,7 +270,7 @@ async fn a_foreign_restarted_tampered_or_expired_shard_admits_nothing() {
     // The ledger dies. A restarted gateway (boot epoch 2) holds no shard: it
     // refuses, as does a client with no fallback at all.
     let base = ledger.base();
-    ledger.server.take().unwrap().kill();
+    ledger.kill();
     for fallback in [
         Some(Arc::new(ShardBook::new("gw-1", 2, &key).unwrap())),
         None,
@@ -387,7 +387,7 @@ async fn a_partition_mid_traffic_spends_only_the_shard() {
         }
         notified.await;
     }
-    ledger.server.take().unwrap().kill();
+    ledger.kill();
     let (mut local_spent, mut refused) = (0, 0);
     for w in workers {
         let (spent, r) = w.await.unwrap();

@@ -18,6 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use reservoir_testkit::DeadPort;
 use serde_json::{json, Value};
 
 pub fn server_bin() -> PathBuf {
@@ -127,6 +128,9 @@ pub struct Ledger {
     pub server: Option<ServerProcess>,
     pub dir: tempfile::TempDir,
     pub http: reqwest::Client,
+    /// The port of a ledger [`Ledger::kill`] killed, held until the test
+    /// ends.
+    dead_port: Option<DeadPort>,
 }
 
 impl Ledger {
@@ -137,6 +141,7 @@ impl Ledger {
             dir,
             server: Some(server),
             http: reqwest::Client::new(),
+            dead_port: None,
         }
     }
 
@@ -189,9 +194,19 @@ impl Ledger {
                 dir,
                 server: Some(server),
                 http,
+                dead_port: None,
             },
             gateways,
         )
+    }
+
+    /// SIGKILL, reaped, and its port held for the rest of the test, so a
+    /// connection to the dead ledger is refused at once ([`DeadPort`]).
+    pub fn kill(&mut self) {
+        let server = self.server.take().expect("running");
+        let addr = server.addr;
+        server.kill();
+        self.dead_port = Some(DeadPort::hold(addr));
     }
 
     /// Kills the process and starts another on the same data directory.

@@ -13,7 +13,7 @@
 //! its commands use the binary's real flags.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,6 +23,7 @@ use reservoir_core::{try_apply, Partition, PartitionKey};
 use reservoir_log::fence::{read_valid, Validity, Verdict};
 use reservoir_log::kafka::{log_partition_of_route, KafkaConfig, KafkaLog};
 use reservoir_log::{Claim, EventReader, LogEntry, Position};
+use reservoir_testkit::DeadPort;
 use serde_json::{json, Value};
 
 use crate::kafka::brokers;
@@ -33,8 +34,19 @@ pub(super) const PARTITIONS: u32 = 6;
 
 pub(super) struct Node {
     child: Child,
+    port: u16,
     /// The node's own data dir (its projection database), removed after it.
     _data: tempfile::TempDir,
+}
+
+impl Node {
+    /// SIGKILL, reaped, and its port held while the answer lives: the
+    /// clients and the other nodes find no one there ([`DeadPort`]).
+    pub(super) fn kill(self) -> DeadPort {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        drop(self);
+        DeadPort::hold(addr)
+    }
 }
 
 impl Drop for Node {
@@ -109,7 +121,11 @@ fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> N
         })
         .spawn()
         .expect("spawn reservoir");
-    Node { child, _data: data }
+    Node {
+        child,
+        port,
+        _data: data,
+    }
 }
 
 pub(super) fn client() -> reqwest::Client {
@@ -498,7 +514,7 @@ async fn three_nodes_split_route_fail_over_and_fence() {
     // thought had no owner (a 503 to a read, once in a full run on tansu).
     let killed = nodes[2].take().unwrap();
     let kill_started = Instant::now();
-    drop(killed);
+    let _n3_port = killed.kill();
     let live = vec![bases[0].clone(), bases[1].clone()];
     wait_served_by_all(&http, &live, &["n1", "n2"], false, Duration::from_secs(60)).await;
     eprintln!(

@@ -117,8 +117,7 @@ async fn a_client_given_the_nodes_goes_to_the_owner_and_back_when_it_dies() {
 
     // The owner dies: the client forgets it and goes back through c1,
     // which serves the partition once it took it over.
-    let killed = nodes[1].take();
-    drop(killed);
+    let _c2_port = nodes[1].take().unwrap().kill();
     let (id, step) = cycle(ledger.clone(), "k-0".into()).await;
     acked.insert(id, step);
     assert_eq!(ledger.owner_of_route(&subject, "chat"), None);
