@@ -149,9 +149,10 @@ pub struct DeadPort {
 
 impl DeadPort {
     /// Takes `addr`'s port; call it right after the process was reaped.
-    /// A listener closed a moment ago may still hold it for a moment: a
-    /// process forked meanwhile (a parallel test spawning a child) keeps a
-    /// copy of every descriptor until it execs, so this tries for a while.
+    /// The port was seen taken for a moment right after its listener closed
+    /// (once, in this crate's own test under load; the likely cause, not
+    /// shown: a child a parallel test was spawning held a copy of the
+    /// listener's descriptor until it exec'd), so this tries for a while.
     pub fn hold(addr: SocketAddr) -> DeadPort {
         let started = Instant::now();
         loop {
@@ -171,9 +172,10 @@ impl DeadPort {
             SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
         }?;
         // The dead process's closed connections may sit in TIME_WAIT. With
-        // SO_REUSEADDR a listener that names the port could still bind it;
-        // one that asks for any port (port 0, as every test's does) is never
-        // given a port a socket holds.
+        // SO_REUSEADDR a listener that names the port and sets it too could
+        // still bind it (one without it cannot: the test below); Linux gives
+        // one that asks for any port (port 0, as every test's does) a port
+        // no socket holds.
         socket.set_reuseaddr(true)?;
         socket.bind(addr)?;
         Ok(socket)
@@ -193,6 +195,11 @@ mod tests {
         let held = DeadPort::hold(addr);
         let refused = std::net::TcpStream::connect(addr).expect_err("nobody listens");
         assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        // Refused would hold for a port merely freed too; what the hold adds
+        // is that the port is taken.
+        let other = tokio::net::TcpSocket::new_v4().unwrap();
+        let taken = other.bind(addr).expect_err("the port is held");
+        assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse);
         drop(held);
     }
 
