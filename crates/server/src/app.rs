@@ -41,6 +41,21 @@ pub struct ShardSettings {
     pub reconcile_grace_ms: u64,
 }
 
+impl ShardSettings {
+    /// The signing key `config` names (`--shard-key-file`), else the data
+    /// directory's (generated on first start), and the reconcile grace.
+    pub fn load(config: &crate::config::Config) -> Result<Self, String> {
+        Ok(ShardSettings {
+            signer: Arc::new(crate::shards::ShardSigner::load_or_create(
+                &config.data_dir,
+                config.shard_key_file.as_deref(),
+            )?),
+            reconcile_grace_ms: u64::try_from(config.shard_reconcile_grace.as_millis())
+                .unwrap_or(u64::MAX),
+        })
+    }
+}
+
 impl AppState {
     pub fn new(metrics: PrometheusHandle) -> Self {
         AppState {
@@ -88,14 +103,15 @@ impl AppState {
     }
 
     pub fn shards(&self) -> Result<&ShardSettings, ApiError> {
-        // Only cluster mode serves the shard routes without settings: a
-        // shard must verify on whichever node owns its partition after a
-        // rebalance, which needs one signing key shared by every node.
+        // Only a cluster node without `--shard-key-file` serves the shard
+        // routes without settings: a shard must verify on whichever node
+        // owns its partition after a rebalance, which needs one signing key
+        // shared by every node.
         self.inner.shards.get().ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_IMPLEMENTED,
                 "shards_not_in_cluster_mode",
-                "emergency shards are issued by a single-node ledger only, not in cluster mode yet",
+                "this cluster serves no emergency shards: every node needs --shard-key-file, naming one key shared by all of them",
             )
         })
     }

@@ -123,14 +123,7 @@ pub async fn start_with_clock<L: EventLog>(
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let state = app::AppState::new(telemetry::install());
-    state.set_shards(app::ShardSettings {
-        signer: Arc::new(shards::ShardSigner::load_or_create(
-            &config.data_dir,
-            config.shard_key_file.as_deref(),
-        )?),
-        reconcile_grace_ms: u64::try_from(config.shard_reconcile_grace.as_millis())
-            .unwrap_or(u64::MAX),
-    });
+    state.set_shards(app::ShardSettings::load(&config)?);
     auth.watch(
         config
             .auth

@@ -106,6 +106,11 @@ pub struct Node {
     pub started: Instant,
     /// Tokens and the node credential, shared by every router of the node.
     pub auth: Arc<crate::auth::Auth>,
+    /// The emergency-shard key and grace, with `--shard-key-file` only:
+    /// every node must sign and verify with the same key (one generated per
+    /// data directory would not verify on the partition's next owner), so
+    /// without it every shard route answers 501 `shards_not_in_cluster_mode`.
+    pub shards: Option<crate::app::ShardSettings>,
 }
 
 impl Node {
@@ -253,7 +258,19 @@ pub async fn run(
         // The writers do not need it; the queries answer 503 until it exists.
         tracing::error!(%err, data_dir = %config.data_dir.display(), "cannot create the data directory for the projections");
     }
+    // Read at start, so a bad key file stops the node here rather than
+    // failing every take-over.
+    let shards = config
+        .shard_key_file
+        .is_some()
+        .then(|| crate::app::ShardSettings::load(&config))
+        .transpose()
+        .map_err(|e| format!("shard key: {e}"))?;
     let idle_state = crate::app::AppState::new(crate::telemetry::install());
+    if let Some(shards) = &shards {
+        // The public key on every node, even one that serves no partition.
+        idle_state.set_shards(shards.clone());
+    }
     let queries = idle_state.queries().clone();
     let projector = crate::queries::spawn(
         Arc::new(crate::project::ReadOnly(reader)),
@@ -311,6 +328,7 @@ pub async fn run(
         retired,
         started: Instant::now(),
         auth,
+        shards,
     });
     let app = routing::router(node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -195,18 +195,9 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
     let (stop_tx, stop_rx) = watch::channel(false);
     let (fatal_tx, mut fatal_rx) = watch::channel(None::<String>);
     let state = app::AppState::new(telemetry::install());
-    // Emergency shards only with a configured key: every node must sign and
-    // verify with the same one (a key generated per data directory would not
-    // verify on the node that owns the partition next), so without
-    // `--shard-key-file` the shard endpoints answer 503 shards_unavailable.
-    if let Some(path) = &node.config.shard_key_file {
-        let signer = crate::shards::ShardSigner::load_or_create(&node.config.data_dir, Some(path))
-            .map_err(|e| format!("shard key: {e}"))?;
-        state.set_shards(app::ShardSettings {
-            signer: Arc::new(signer),
-            reconcile_grace_ms: u64::try_from(node.config.shard_reconcile_grace.as_millis())
-                .unwrap_or(u64::MAX),
-        });
+    // Emergency shards only with a configured key (see `Node::shards`).
+    if let Some(shards) = &node.shards {
+        state.set_shards(shards.clone());
     }
     // Sizing reads the node's projection of the whole topic.
     state.queries().share(&node.queries);

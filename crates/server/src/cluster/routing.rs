@@ -10,6 +10,12 @@
 //! | `POST /v1/reservations` | `subject`, `route` in the body |
 //! | `/v1/reservations/{id}[/start,/settle,/release]` | the id: local writers, then ids this node routed, then `GET /v1/cluster/locate/{id}` on every live peer |
 //! | `GET /v1/partitions` | every local partition, and (unless forwarded) every live peer's |
+//! | `POST /v1/shards` | `subject`, `route` in the body |
+//! | `POST /v1/shards/{id}/reconcile` | `shard.partition_key` in the body |
+//! | `GET /v1/shards?subject=&route=` | `subject`, `route`; without `route`, as `GET /v1/partitions` (every partition must have an owner) |
+//!
+//! The shard routes are placed only on a node with `--shard-key-file`;
+//! without it they are answered here, 501 (see `Node::shards`).
 //!
 //! Forwarded requests carry `x-reservoir-hops`; a request that has been
 //! forwarded [`MAX_HOPS`] times is answered 503 rather than forwarded again
@@ -145,6 +151,8 @@ enum Target {
     /// read): answered by the local not-ready router or any local partition.
     Local,
     Partitions,
+    /// `GET /v1/shards` without a route: a subject's routes may be anywhere.
+    Shards,
 }
 
 async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
@@ -188,12 +196,42 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
             }
         }
         (&Method::GET, ["v1", "partitions"]) => Target::Partitions,
+        (&Method::POST, ["v1", "shards"]) if node.shards.is_some() => {
+            serde_json::from_slice::<Placed>(&bytes).map_or(Target::Local, |placed| {
+                Target::Partition(
+                    log_partition_of_route(&placed.subject, &placed.route, partitions),
+                    None,
+                )
+            })
+        }
+        (&Method::POST, ["v1", "shards", _, "reconcile"]) if node.shards.is_some() => {
+            serde_json::from_slice::<Presented>(&bytes).map_or(Target::Local, |body| {
+                let key = body.shard.partition_key;
+                Target::Partition(
+                    log_partition_of_route(&key.subject, &key.route, partitions),
+                    None,
+                )
+            })
+        }
+        (&Method::GET, ["v1", "shards"]) if node.shards.is_some() => {
+            match axum::extract::Query::<ShardsOf>::try_from_uri(&parts.uri) {
+                Ok(axum::extract::Query(ShardsOf {
+                    subject,
+                    route: Some(route),
+                })) => {
+                    Target::Partition(log_partition_of_route(&subject, &route, partitions), None)
+                }
+                Ok(_) => Target::Shards,
+                Err(_) => Target::Local,
+            }
+        }
         _ => Target::Local,
     };
     let hops = hops(&parts.headers);
     match target {
         Target::Local => local_any(&node, parts, bytes).await,
         Target::Partitions => all_partitions(&node, parts, bytes, hops).await,
+        Target::Shards => all_shards(&node, parts, bytes, hops).await,
         Target::Partition(p, reserve_id) => {
             let response = dispatch(&node, p, parts, bytes, hops).await;
             if let (Some(id), true) = (reserve_id, response.status().is_success()) {
@@ -227,6 +265,26 @@ struct Placed<'a> {
     /// and the partition's router answers it.
     #[serde(default)]
     id: Option<serde_json::Value>,
+}
+
+/// What the front reads of a reconcile body: the presented shard's partition.
+#[derive(serde::Deserialize)]
+struct Presented<'a> {
+    #[serde(borrow)]
+    shard: PresentedShard<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct PresentedShard<'a> {
+    #[serde(borrow)]
+    partition_key: Placed<'a>,
+}
+
+/// The query of `GET /v1/shards`.
+#[derive(serde::Deserialize)]
+struct ShardsOf {
+    subject: String,
+    route: Option<String>,
 }
 
 /// The partition a reserve goes to and the id to remember it by (from the
@@ -457,6 +515,69 @@ async fn all_partitions(
     bytes: Bytes,
     hops: u32,
 ) -> Response {
+    let answers = match gather(node, parts, bytes, hops, "partitions").await {
+        Ok(answers) => answers,
+        Err(response) => return response,
+    };
+    let mut all: Vec<serde_json::Value> = Vec::new();
+    for answer in answers {
+        if let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&answer) {
+            all.extend(items);
+        }
+    }
+    Json(all).into_response()
+}
+
+/// `GET /v1/shards?subject=` without a route: the subject's shards from
+/// every partition, once every partition has an owner (a list that missed
+/// one being taken over would understate what is outstanding). A partition
+/// that moves while the list is gathered can still be missed or listed
+/// twice; the answer is a view, not a statement.
+async fn all_shards(
+    node: &Node,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    hops: u32,
+) -> Response {
+    if hops == 0 {
+        if let Some(p) = (0..node.log_partitions())
+            .find(|p| node.serving(*p).is_none() && node.peers.owner_of(*p).is_none())
+        {
+            return unavailable(format!("partition {p} has no owner right now; retry"))
+                .into_response();
+        }
+    }
+    let answers = match gather(node, parts, bytes, hops, "shards").await {
+        Ok(answers) => answers,
+        Err(response) => return response,
+    };
+    let mut shards: Vec<serde_json::Value> = Vec::new();
+    let mut outstanding_units = 0u64;
+    for answer in answers {
+        let Ok(list) = serde_json::from_slice::<serde_json::Value>(&answer) else {
+            continue;
+        };
+        if let Some(items) = list["shards"].as_array() {
+            shards.extend(items.iter().cloned());
+        }
+        outstanding_units =
+            outstanding_units.saturating_add(list["outstanding_units"].as_u64().unwrap_or(0));
+    }
+    Json(serde_json::json!({"shards": shards, "outstanding_units": outstanding_units}))
+        .into_response()
+}
+
+/// The answers to one request of every partition this node serves and,
+/// unless it was forwarded, of every live peer (asked with one hop, so each
+/// answers for its own partitions). A local answer that is not a success is
+/// the answer; a peer that does not answer with one makes it a 503.
+async fn gather(
+    node: &Node,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    hops: u32,
+    what: &str,
+) -> Result<Vec<Bytes>, Response> {
     let routers: Vec<axum::Router> = {
         let slots = node.slots.read().expect("slots");
         slots
@@ -467,24 +588,24 @@ async fn all_partitions(
             })
             .collect()
     };
-    let mut all: Vec<serde_json::Value> = Vec::new();
+    let mut answers = Vec::new();
     for router in routers {
         let request = rebuild(parts.clone(), bytes.clone());
         let response = call(&router, request).await;
         if !response.status().is_success() {
-            return response;
+            return Err(response);
         }
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap_or_default();
-        if let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&body) {
-            all.extend(items);
-        }
+        answers.push(
+            axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap_or_default(),
+        );
     }
     if hops == 0 {
         let principal = principal_header(node, &parts);
+        let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         for peer in node.peers.live() {
-            let mut request = node.http.get(format!("{}/v1/partitions", peer.url));
+            let mut request = node.http.get(format!("{}{path}", peer.url));
             if let Some(v) = &principal {
                 request = request.header(auth::forward::PRINCIPAL_HEADER, v.clone());
             }
@@ -493,20 +614,22 @@ async fn all_partitions(
                 .timeout(Duration::from_secs(10))
                 .send()
                 .await;
-            match answer {
-                Ok(r) if r.status().is_success() => {
-                    if let Ok(serde_json::Value::Array(items)) = r.json().await {
-                        all.extend(items);
-                    }
-                }
-                _ => {
-                    return unavailable(format!("peer {} did not list its partitions", peer.url))
-                        .into_response()
+            let body = match answer {
+                Ok(r) if r.status().is_success() => r.bytes().await.ok(),
+                _ => None,
+            };
+            match body {
+                Some(body) => answers.push(body),
+                None => {
+                    return Err(
+                        unavailable(format!("peer {} did not list its {what}", peer.url))
+                            .into_response(),
+                    )
                 }
             }
         }
     }
-    Json(all).into_response()
+    Ok(answers)
 }
 
 #[cfg(test)]

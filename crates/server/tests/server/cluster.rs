@@ -74,12 +74,19 @@ const N2_LOST_REVOKE_DELAY_MS: &str = "3000";
 /// when set. Checkouts that share one target directory (worktrees of this
 /// repository) share its `release/reservoir` too, and the last build wins; a
 /// repeated run pins its own copy with the variable.
-fn server_bin() -> String {
+pub(super) fn server_bin() -> String {
     std::env::var("RESERVOIR_TEST_SERVER_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_reservoir").to_string())
 }
 
-fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> Node {
+fn spawn_node(
+    brokers: &str,
+    topic: &str,
+    id: &str,
+    port: u16,
+    peers: &str,
+    extra: &[String],
+) -> Node {
     let data = crate::support::tempdir().unwrap();
     let delay = if id == "n2" {
         N2_LOST_REVOKE_DELAY_MS
@@ -106,6 +113,7 @@ fn spawn_node(brokers: &str, topic: &str, id: &str, port: u16, peers: &str) -> N
         .args(["--session-timeout-ms", SESSION_TIMEOUT_MS])
         .args(["--topic-partitions", &PARTITIONS.to_string()])
         .args(["--writer-shards", "2", "--sweep-interval-ms", "200"])
+        .args(extra)
         .arg("--data-dir")
         .arg(data.path())
         .env(
@@ -139,7 +147,7 @@ pub(super) fn client() -> reqwest::Client {
 /// Waits until every partition is served by one of `owners`; with `every_owner_serves`, also
 /// until each of them serves at least one (a member that joins late would
 /// otherwise be seen owning nothing).
-async fn wait_served(
+pub(super) async fn wait_served(
     http: &reqwest::Client,
     base: &str,
     owners: &[&str],
@@ -442,6 +450,16 @@ pub(super) async fn start_cluster(
     name: &str,
     ids: &[&str],
 ) -> (String, Vec<String>, Vec<Option<Node>>) {
+    start_cluster_with(brokers, name, ids, &[]).await
+}
+
+/// [`start_cluster`], every node given the flags `extra` as well.
+pub(super) async fn start_cluster_with(
+    brokers: &str,
+    name: &str,
+    ids: &[&str],
+    extra: &[String],
+) -> (String, Vec<String>, Vec<Option<Node>>) {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -456,7 +474,7 @@ pub(super) async fn start_cluster(
     let nodes = ids
         .iter()
         .zip(ports)
-        .map(|(id, port)| Some(spawn_node(brokers, &topic, id, port, &peers)))
+        .map(|(id, port)| Some(spawn_node(brokers, &topic, id, port, &peers, extra)))
         .collect();
     wait_served_by_all(&client(), &bases, ids, true, Duration::from_secs(60)).await;
     (topic, bases, nodes)

@@ -544,7 +544,6 @@ fn reconcile_outcomes_as_a_table() {
 
 #[test]
 fn the_signing_key_is_made_once_and_refused_when_others_can_read_it() {
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = crate::support::tempdir().unwrap();
     let first = ShardSigner::load_or_create(dir.path(), None).unwrap();
     let again = ShardSigner::load_or_create(dir.path(), None).unwrap();
@@ -558,13 +557,7 @@ fn the_signing_key_is_made_once_and_refused_when_others_can_read_it() {
     assert!(ShardSigner::load_or_create(dir.path(), Some(&missing)).is_err());
     assert!(!missing.exists());
     let bad = dir.path().join("bad.key");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&bad)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, b"not hex"))
-        .unwrap();
+    write_new_file(&bad, "not hex", 0o600);
     let err = ShardSigner::load_or_create(dir.path(), Some(&bad)).unwrap_err();
     assert!(err.contains("not hex"), "{err}");
 }

@@ -42,6 +42,19 @@ pub fn tempdir() -> std::io::Result<tempfile::TempDir> {
     tempfile::tempdir_in(parent)
 }
 
+/// A new file at `path` holding `text`, created with `mode` (a key file).
+pub fn write_new_file(path: &std::path::Path, text: &str, mode: u32) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
 /// This process's directory of test data (see [`tempdir`]).
 static TESTS_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
