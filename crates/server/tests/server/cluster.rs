@@ -799,6 +799,7 @@ fn docker_compose_uses_the_real_flags() {
         "read the settings of scripts/kafka ({compared})"
     );
     let mut nodes = 0;
+    let mut shard_keys = BTreeSet::new();
     for (name, service) in services {
         let Some(command) = service["command"].as_sequence() else {
             continue;
@@ -832,6 +833,12 @@ fn docker_compose_uses_the_real_flags() {
             config.auth.node_token_file.is_some(),
             "{name:?} has a node credential"
         );
+        // Shards verify on every node only with one key for all of them.
+        shard_keys.insert(
+            config
+                .shard_key_file
+                .unwrap_or_else(|| panic!("{name:?} names no --shard-key-file")),
+        );
         assert!(
             service["depends_on"].as_mapping().is_some()
                 || service["depends_on"].as_sequence().is_some(),
@@ -839,4 +846,11 @@ fn docker_compose_uses_the_real_flags() {
         );
     }
     assert_eq!(nodes, 2, "two reservoir nodes");
+    assert_eq!(shard_keys.len(), 1, "one shard key: {shard_keys:?}");
+    let secrets = format!("{:?}", doc["services"]["secrets"]["entrypoint"]);
+    let key = shard_keys.first().unwrap().file_name().unwrap();
+    assert!(
+        secrets.contains(&format!("> {}", key.to_str().unwrap())),
+        "the secrets service writes {key:?}: {secrets}"
+    );
 }
