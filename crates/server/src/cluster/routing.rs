@@ -116,15 +116,25 @@ fn locate_local(node: &Node, id: &ReservationId, asked: Option<u32>) -> Option<u
     let slots = node.slots.read().expect("slots");
     slots
         .iter()
-        .find_map(|(p, slot)| (Some(*p) != asked && slot_holds(slot, id)).then_some(*p))
+        .find_map(|(p, slot)| (Some(*p) != asked && slot_holds(node, slot, id)).then_some(*p))
 }
 
 /// Whether the local partition `slot` serves holds reservation `id`.
-fn slot_holds(slot: &super::Slot, id: &ReservationId) -> bool {
+///
+/// The node's partitions share one idempotency index, which also keeps the
+/// records of partitions the node served before: a record found there is
+/// this slot's only if its subject/route is placed in this partition.
+fn slot_holds(node: &Node, slot: &super::Slot, id: &ReservationId) -> bool {
     match &slot.state {
         // An unreadable idempotency index is not "here": the caller asks the
         // peers, and the owner's writer answers 503 when it is asked itself.
-        super::SlotState::Serving(owned) => matches!(owned.writers.locate(id), Ok(Some(_))),
+        super::SlotState::Serving(owned) => match owned.writers.locate(id) {
+            Ok(Some(key)) => {
+                log_partition_of_route(&key.subject, &key.route, node.log_partitions())
+                    == owned.log_partition
+            }
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -363,7 +373,7 @@ async fn find(node: &Node, id: &ReservationId, hops: u32) -> Result<u32, Respons
     // local partition looks the id up in each, a RocksDB read on every miss.
     if let Some(p) = routed {
         let slots = node.slots.read().expect("slots");
-        if slots.get(&p).is_some_and(|slot| slot_holds(slot, id)) {
+        if slots.get(&p).is_some_and(|slot| slot_holds(node, slot, id)) {
             return Ok(p);
         }
     }

@@ -226,6 +226,34 @@ pub(super) async fn post(
     }
 }
 
+/// `GET base path`, split into status and JSON.
+pub(super) async fn get(http: &reqwest::Client, base: &str, path: &str) -> (StatusCode, Value) {
+    split(http.get(format!("{base}{path}")).send().await.unwrap()).await
+}
+
+/// Publishes `policy` for accounting epoch `e` through `base`.
+pub(super) async fn publish(http: &reqwest::Client, base: &str, policy: &reservoir_core::Policy) {
+    let body = json!({"accounting_epoch": "e", "policy": policy});
+    let (s, r) = post(http, base, "/v1/policies", body).await;
+    assert_eq!(s, StatusCode::CREATED, "{r}");
+}
+
+/// The value of the metric `series` (its name and labels, as exposed) on the
+/// node at `base`; 0 while it has none.
+pub(super) async fn metric(http: &reqwest::Client, base: &str, series: &str) -> u64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
 /// What clients were told: id → (state, actual units).
 pub(super) type Acked = BTreeMap<String, (String, Option<u64>)>;
 

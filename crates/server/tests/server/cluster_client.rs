@@ -9,12 +9,10 @@
 
 use std::time::Duration;
 
-use reqwest::StatusCode;
 use reservoir_client::{
     OperationId, ReservationId, ReservationState, ReserveRequest, RetryPolicy, Settlement,
 };
 use reservoir_log::kafka::log_partition_of_route;
-use serde_json::json;
 
 use crate::cluster::*;
 use crate::kafka::brokers;
@@ -22,17 +20,7 @@ use crate::support::*;
 
 /// `reservoir_cluster_forwarded_total` on the node at `base`.
 async fn forwarded(http: &reqwest::Client, base: &str) -> u64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("reservoir_cluster_forwarded_total "))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+    metric(http, base, "reservoir_cluster_forwarded_total").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,14 +42,7 @@ async fn a_client_given_the_nodes_goes_to_the_owner_and_back_when_it_dies() {
         .map(|i| format!("tenant-{i}"))
         .find(|s| c2_serves(log_partition_of_route(s, "chat", PARTITIONS)))
         .expect("c2 serves some partition");
-    let (s, r) = post(
-        &http,
-        &bases[0],
-        "/v1/policies",
-        json!({"accounting_epoch": "e", "policy": policy(&subject, "chat", 1, 100_000, 0)}),
-    )
-    .await;
-    assert_eq!(s, StatusCode::CREATED, "{r}");
+    publish(&http, &bases[0], &policy(&subject, "chat", 1, 100_000, 0)).await;
 
     let ledger = reservoir_client::Client::builder(&bases[0])
         .cluster_nodes(bases.clone())

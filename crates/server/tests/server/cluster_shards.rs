@@ -26,10 +26,6 @@ use crate::support::*;
 /// The shared key's seed (any 32 bytes; fixed, so the test knows the public key).
 const SEED: [u8; 32] = [7; 32];
 
-async fn get(http: &reqwest::Client, base: &str, path: &str) -> (StatusCode, Value) {
-    split(http.get(format!("{base}{path}")).send().await.unwrap()).await
-}
-
 /// `POST /v1/shards` through `base` for gateway gw-1, boot epoch 7.
 async fn issue(
     http: &reqwest::Client,
@@ -84,14 +80,7 @@ async fn shards_are_issued_by_the_owner_and_reconciled_after_a_take_over() {
     for route in ["chat", "embed"] {
         let mut p = policy(&subject, route, 1, 1_000, 0);
         p.emergency_mode = EmergencyMode::Enabled;
-        let (s, r) = post(
-            &http,
-            &bases[0],
-            "/v1/policies",
-            json!({"accounting_epoch": "e", "policy": p}),
-        )
-        .await;
-        assert_eq!(s, StatusCode::CREATED, "{r}");
+        publish(&http, &bases[0], &p).await;
     }
 
     // Each shard asked of the node that does not own its partition.
