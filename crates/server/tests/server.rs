@@ -22,6 +22,8 @@ mod clock;
 mod cluster;
 #[path = "server/cluster_client.rs"]
 mod cluster_client;
+#[path = "server/cluster_forward.rs"]
+mod cluster_forward;
 #[path = "server/cluster_retired.rs"]
 mod cluster_retired;
 #[path = "server/cluster_shards.rs"]

@@ -40,6 +40,19 @@ use crate::auth::{self, require, Principal};
 use crate::problem::ApiError;
 
 pub const HOPS_HEADER: &str = "x-reservoir-hops";
+/// Headers of the owner's answer that are not passed on: they describe its
+/// connection to this node (RFC 9110 §7.6.1), or the body's length, which
+/// the answer to the caller sets again.
+const HOP_BY_HOP: [header::HeaderName; 8] = [
+    header::CONNECTION,
+    header::HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::CONTENT_LENGTH,
+];
 /// Most times one request is forwarded between nodes.
 pub const MAX_HOPS: u32 = 2;
 /// Longest a forwarded request may take (the owner's own limit is 30 s).
@@ -498,20 +511,18 @@ async fn forward(
         }
     };
     let status = response.status();
+    // The owner's headers (content type, Retry-After, the rate-limit
+    // headers, ...), except the ones that describe the hop itself.
     let mut headers = HeaderMap::new();
-    for name in [
-        header::CONTENT_TYPE,
-        header::RETRY_AFTER,
-        header::WWW_AUTHENTICATE,
-    ] {
-        if let Some(v) = response.headers().get(&name) {
-            headers.insert(name, v.clone());
+    for (name, value) in response.headers() {
+        if !HOP_BY_HOP.contains(name) {
+            headers.append(name.clone(), value.clone());
         }
     }
-    headers.insert(
-        "x-reservoir-served-by",
-        HeaderValue::from_str(url).unwrap_or(HeaderValue::from_static("peer")),
-    );
+    // Kept when the owner's answer already names who served it (a second hop).
+    headers
+        .entry("x-reservoir-served-by")
+        .or_insert_with(|| HeaderValue::from_str(url).unwrap_or(HeaderValue::from_static("peer")));
     match response.bytes().await {
         Ok(body) => (status, headers, body).into_response(),
         Err(err) => unavailable(format!("owner {url} answer cut: {err}; retry")).into_response(),

@@ -226,6 +226,26 @@ pub(super) async fn post(
     }
 }
 
+/// The log partitions `node` serves in a `GET /v1/cluster` view.
+pub(super) fn served_by(view: &Value, node: &str) -> BTreeSet<u32> {
+    view["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .filter(|v| v["node_id"] == node)
+        .map(|v| v["log_partition"].as_u64().expect("log_partition") as u32)
+        .collect()
+}
+
+/// The first `tenant-N` for which `wanted` holds of the log partition each
+/// route is placed in (`placed(route)`).
+pub(super) fn subject_where(wanted: impl Fn(&dyn Fn(&str) -> u32) -> bool) -> String {
+    (0..10_000)
+        .map(|i| format!("tenant-{i}"))
+        .find(|s| wanted(&|route| log_partition_of_route(s, route, PARTITIONS)))
+        .expect("a subject placed as wanted")
+}
+
 /// `GET base path`, split into status and JSON.
 pub(super) async fn get(http: &reqwest::Client, base: &str, path: &str) -> (StatusCode, Value) {
     split(http.get(format!("{base}{path}")).send().await.unwrap()).await

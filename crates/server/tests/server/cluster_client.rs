@@ -12,7 +12,6 @@ use std::time::Duration;
 use reservoir_client::{
     OperationId, ReservationId, ReservationState, ReserveRequest, RetryPolicy, Settlement,
 };
-use reservoir_log::kafka::log_partition_of_route;
 
 use crate::cluster::*;
 use crate::kafka::brokers;
@@ -31,17 +30,8 @@ async fn a_client_given_the_nodes_goes_to_the_owner_and_back_when_it_dies() {
 
     // A subject whose partition c2 serves; the client is configured with c1.
     let view = cluster_view(&http, &bases[0]).await;
-    let c2_serves = |p: u32| {
-        view["partitions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|v| v["node_id"] == "c2" && v["log_partition"].as_u64() == Some(u64::from(p)))
-    };
-    let subject = (0..1_000)
-        .map(|i| format!("tenant-{i}"))
-        .find(|s| c2_serves(log_partition_of_route(s, "chat", PARTITIONS)))
-        .expect("c2 serves some partition");
+    let c2 = served_by(&view, "c2");
+    let subject = subject_where(|placed| c2.contains(&placed("chat")));
     publish(&http, &bases[0], &policy(&subject, "chat", 1, 100_000, 0)).await;
 
     let ledger = reservoir_client::Client::builder(&bases[0])

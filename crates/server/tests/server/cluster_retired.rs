@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reservoir_log::kafka::log_partition_of_route;
 use serde_json::{json, Value};
 
 use crate::cluster::*;
@@ -60,24 +59,12 @@ async fn a_reservation_on_disk_is_found_in_its_own_partition() {
     let http = client();
 
     let view = cluster_view(&http, &bases[0]).await;
-    let served: Vec<u32> = view["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|v| v["node_id"] == "r1")
-        .map(|v| v["log_partition"].as_u64().unwrap() as u32)
-        .collect();
+    let served = served_by(&view, "r1");
     assert!(served.len() >= 2, "r1 serves several partitions: {view:#}");
     // A subject placed in each partition r1 serves, its window short.
     let subjects: Vec<(u32, String)> = served
         .iter()
-        .map(|&p| {
-            let subject = (0..1_000)
-                .map(|i| format!("tenant-{i}"))
-                .find(|s| log_partition_of_route(s, "chat", PARTITIONS) == p)
-                .expect("a subject in every partition");
-            (p, subject)
-        })
+        .map(|&p| (p, subject_where(|placed| placed("chat") == p)))
         .collect();
     for (_, subject) in &subjects {
         let mut p = policy(subject, "chat", 1, 1_000, 0);

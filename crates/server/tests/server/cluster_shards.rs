@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use reservoir_client::shards::{ShardBook, ShardDocument};
 use reservoir_core::EmergencyMode;
-use reservoir_log::kafka::log_partition_of_route;
 use serde_json::{json, Value};
 
 use crate::cluster::*;
@@ -63,20 +62,9 @@ async fn shards_are_issued_by_the_owner_and_reconciled_after_a_take_over() {
 
     // A subject whose `chat` partition s2 serves and whose `embed` s1 does.
     let view = cluster_view(&http, &bases[0]).await;
-    let serves = |node: &str, p: u32| {
-        view["partitions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|v| v["node_id"] == node && v["log_partition"].as_u64() == Some(u64::from(p)))
-    };
-    let subject = (0..1_000)
-        .map(|i| format!("tenant-{i}"))
-        .find(|s| {
-            serves("s2", log_partition_of_route(s, "chat", PARTITIONS))
-                && serves("s1", log_partition_of_route(s, "embed", PARTITIONS))
-        })
-        .expect("a subject split between the nodes");
+    let (s1, s2) = (served_by(&view, "s1"), served_by(&view, "s2"));
+    let subject =
+        subject_where(|placed| s2.contains(&placed("chat")) && s1.contains(&placed("embed")));
     for route in ["chat", "embed"] {
         let mut p = policy(&subject, route, 1, 1_000, 0);
         p.emergency_mode = EmergencyMode::Enabled;
