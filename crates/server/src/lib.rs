@@ -191,6 +191,7 @@ pub async fn start_with_clock<L: EventLog>(
                 every,
             });
             let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
+                gauge_partition: None,
                 log: log.clone(),
                 states: recovered.shards,
                 index,

@@ -497,6 +497,7 @@ async fn start_writers(
     let (in_doubt_tx, in_doubt_rx) = watch::channel(None::<String>);
     let clock: SharedClock = Arc::new(clock.clone());
     let (writers, tasks) = writer::spawn(writer::WriterSetup {
+        gauge_partition: None,
         log: log.clone(),
         states: recovered.shards,
         index: Arc::new(std::sync::RwLock::new(recovered.index)),

@@ -22,6 +22,9 @@
 //! - **Status** ([`status`]): nodes learn each other's partitions by polling
 //!   their peers' `GET /v1/cluster/node` (the `--peers` list); `GET /v1/cluster`
 //!   and `reservoir cluster status` show nodes, partitions, claim epochs and lag.
+//! - **Gauges** ([`gauges`]): the node's in-memory reservations and its
+//!   emergency-shard gauges (labelled by log partition) follow the
+//!   partitions it serves.
 //!
 //! - **Queries**: every node runs the projector over the whole topic (every
 //!   Kafka partition, through the fence rule like any reader, so it does not
@@ -32,6 +35,7 @@
 //!   projection. The partitions' routers share that projection for sizing.
 //!   `reservoir project` ([`crate::project`]) runs the same projector alone.
 
+pub mod gauges;
 pub mod membership;
 pub mod owned;
 pub mod routing;
@@ -111,6 +115,9 @@ pub struct Node {
     /// data directory would not verify on the partition's next owner), so
     /// without it every shard route answers 501 `shards_not_in_cluster_mode`.
     pub shards: Option<crate::app::ShardSettings>,
+    /// Partitions this node has served: their shard gauges are zeroed while
+    /// it serves them no more (see [`gauges`]).
+    pub gauged: Mutex<BTreeSet<u32>>,
 }
 
 impl Node {
@@ -329,6 +336,7 @@ pub async fn run(
         started: Instant::now(),
         auth,
         shards,
+        gauged: Mutex::new(BTreeSet::new()),
     });
     let app = routing::router(node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

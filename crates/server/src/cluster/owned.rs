@@ -202,7 +202,9 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
     // Sizing reads the node's projection of the whole topic.
     state.queries().share(&node.queries);
     let clock = crate::clock::system();
+    node.gauged.lock().expect("gauged").insert(p);
     let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
+        gauge_partition: Some(p),
         log: view.clone(),
         states: recovered.shards,
         index,

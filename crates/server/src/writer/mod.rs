@@ -77,6 +77,10 @@ pub struct WriterSetup<L> {
     pub in_doubt: Option<tokio::sync::watch::Sender<Option<String>>>,
     pub clock: SharedClock,
     pub sizer: Arc<dyn Sizer>,
+    /// In cluster mode, the Kafka partition these writers serve: a label of
+    /// their gauges, so that the writers of two partitions on one node do not
+    /// set the same series (see `crate::cluster::gauges`).
+    pub gauge_partition: Option<u32>,
 }
 
 /// One stop signal per shard, set in shard order when `stop` is set (or its
@@ -132,6 +136,7 @@ pub fn spawn<L: EventLog>(
         in_doubt,
         clock,
         sizer,
+        gauge_partition,
     } = setup;
     let fatal = Arc::new(fatal);
     let in_doubt = Arc::new(in_doubt.unwrap_or_else(|| tokio::sync::watch::channel(None).0));
@@ -161,6 +166,7 @@ pub fn spawn<L: EventLog>(
             ordered,
             clock: clock.clone(),
             sizer: sizer.clone(),
+            gauge_partition,
             in_flight_positions: FastMap::default(),
             next_batch_seq: 0,
             retired: retired.clone(),

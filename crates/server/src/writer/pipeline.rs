@@ -208,6 +208,8 @@ pub struct Shard {
     pub clock: SharedClock,
     /// Sizes reserves that name no units.
     pub sizer: Arc<dyn Sizer>,
+    /// See [`super::WriterSetup::gauge_partition`].
+    pub gauge_partition: Option<u32>,
     /// `pending_positions` of the batches in flight, newest winning: id →
     /// (batch sequence number, record) (see `PositionFrom::Earlier`).
     pub(super) in_flight_positions: FastMap<ReservationId, (u64, usize)>,

@@ -282,13 +282,32 @@ impl Shard {
                 }
             }
         }
-        let shard = self.id.to_string();
-        metrics::gauge!("reservoir_shard_units_outstanding", "writer_shard" => shard.clone())
-            .set(units as f64);
-        metrics::gauge!("reservoir_shards_unreconciled", "writer_shard" => shard.clone())
-            .set(count as f64);
         let age_s = oldest.map_or(0, |o| now_ms.saturating_sub(o)) as f64 / 1_000.0;
-        metrics::gauge!("reservoir_shard_oldest_unreconciled_age_seconds", "writer_shard" => shard)
-            .set(age_s);
+        set_shard_gauges(
+            self.gauge_partition,
+            self.id,
+            [units as f64, count as f64, age_s],
+        );
+    }
+}
+
+/// The gauges of emergency shards outstanding, by writer shard (and, in
+/// cluster mode, by log partition): units, shards, oldest age in seconds.
+pub fn set_shard_gauges(log_partition: Option<u32>, writer_shard: usize, values: [f64; 3]) {
+    const NAMES: [&str; 3] = [
+        "reservoir_shard_units_outstanding",
+        "reservoir_shards_unreconciled",
+        "reservoir_shard_oldest_unreconciled_age_seconds",
+    ];
+    let mut labels = vec![("writer_shard", writer_shard.to_string())];
+    if let Some(p) = log_partition {
+        labels.push(("log_partition", p.to_string()));
+    }
+    for (name, value) in NAMES.into_iter().zip(values) {
+        let labels: Vec<metrics::Label> = labels
+            .iter()
+            .map(|(k, v)| metrics::Label::new(*k, v.clone()))
+            .collect();
+        metrics::gauge!(name, labels).set(value);
     }
 }

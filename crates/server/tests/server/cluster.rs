@@ -258,20 +258,52 @@ pub(super) async fn publish(http: &reqwest::Client, base: &str, policy: &reservo
     assert_eq!(s, StatusCode::CREATED, "{r}");
 }
 
+/// `GET base/metrics`.
+pub(super) async fn metrics_text(http: &reqwest::Client, base: &str) -> String {
+    let answer = http.get(format!("{base}/metrics")).send().await.unwrap();
+    answer.text().await.unwrap()
+}
+
 /// The value of the metric `series` (its name and labels, as exposed) on the
 /// node at `base`; 0 while it has none.
 pub(super) async fn metric(http: &reqwest::Client, base: &str, series: &str) -> u64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(http, base).await;
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// The sum of every series of the metric `name` on the node at `base`.
+pub(super) async fn metric_sum(http: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = metrics_text(http, base).await;
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until `read` gives `want`, then reads it five times more, a
+/// quarter of a second apart: a gauge that flips between writers fails.
+pub(super) async fn steadily<F: std::future::Future<Output = f64>>(
+    what: &str,
+    want: f64,
+    read: impl Fn() -> F,
+) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut got = read().await;
+    while got != want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        got = read().await;
+    }
+    for _ in 0..5 {
+        assert_eq!(got, want, "{what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        got = read().await;
+    }
+    assert_eq!(got, want, "{what}");
 }
 
 /// What clients were told: id → (state, actual units).

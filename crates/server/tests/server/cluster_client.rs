@@ -92,6 +92,12 @@ async fn a_client_given_the_nodes_goes_to_the_owner_and_back_when_it_dies() {
     let (id, step) = cycle(ledger.clone(), "k-0".into()).await;
     acked.insert(id, step);
     assert_eq!(ledger.owner_of_route(&subject, "chat"), None);
+    // c1 holds every reservation now, the ones it recovered included.
+    let held = acked.len() as f64;
+    steadily("c1's reservations in memory", held, || {
+        metric_sum(&http, &bases[0], "reservoir_reservations_in_memory")
+    })
+    .await;
 
     let replay = replay_and_check(&brokers, &topic, &acked).await;
     for id in acked.keys() {

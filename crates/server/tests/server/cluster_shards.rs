@@ -103,6 +103,16 @@ async fn shards_are_issued_by_the_owner_and_reconciled_after_a_take_over() {
         assert_eq!(list["shards"].as_array().unwrap().len(), 2, "{list}");
     }
 
+    // Each node's shard gauges count its own partitions' shards.
+    let outstanding = || async {
+        let mut sum = 0.0;
+        for base in &bases {
+            sum += metric_sum(&http, base, "reservoir_shard_units_outstanding").await;
+        }
+        sum
+    };
+    steadily("shard units outstanding", 500.0, outstanding).await;
+
     // The owner of `chat` dies; s1 takes its partitions over and
     // reconciles the shard s2 issued.
     let _s2_port = nodes[1].take().unwrap().kill();
@@ -124,6 +134,10 @@ async fn shards_are_issued_by_the_owner_and_reconciled_after_a_take_over() {
     let (s, list) = get(&http, &bases[0], &format!("/v1/shards?subject={subject}")).await;
     assert_eq!(s, StatusCode::OK, "{list}");
     assert_eq!(list["outstanding_units"], 200, "{list}");
+    steadily("shard units outstanding on s1", 200.0, || {
+        metric_sum(&http, &bases[0], "reservoir_shard_units_outstanding")
+    })
+    .await;
 
     // Conservation in every partition of the topic; the remint counted once.
     replay_and_check(&brokers, &topic, &Acked::new()).await;
