@@ -12,7 +12,10 @@
 //! | `GET /v1/partitions` | every local partition, and (unless forwarded) every live peer's |
 //! | `POST /v1/shards` | `subject`, `route` in the body |
 //! | `POST /v1/shards/{id}/reconcile` | `shard.partition_key` in the body |
-//! | `GET /v1/shards?subject=&route=` | `subject`, `route`; without `route`, as `GET /v1/partitions` (every partition must have an owner) |
+//! | `GET /v1/shards?subject=&route=` | `subject`, `route`; without `route`, as `GET /v1/partitions` |
+//!
+//! The two gathered lists name the partitions nobody served while they were
+//! gathered in `x-reservoir-unserved-partitions` (absent when none).
 //!
 //! The shard routes are placed only on a node with `--shard-key-file`;
 //! without it they are answered here, 501 (see `Node::shards`).
@@ -150,6 +153,28 @@ fn slot_holds(node: &Node, slot: &super::Slot, id: &ReservationId) -> bool {
         },
         _ => false,
     }
+}
+
+/// The partitions neither this node nor, as far as it knows, any live peer serves.
+fn unowned_partitions(node: &Node) -> Vec<u32> {
+    (0..node.log_partitions())
+        .filter(|p| node.serving(*p).is_none() && node.peers.owner_of(*p).is_none())
+        .collect()
+}
+
+/// Header of a gathered list that misses partitions nobody served when it
+/// was gathered: their numbers, comma-separated.
+pub const UNSERVED_HEADER: &str = "x-reservoir-unserved-partitions";
+
+/// `answer` with [`UNSERVED_HEADER`] when `unserved` is not empty.
+fn noting_unserved(unserved: &[u32], mut answer: Response) -> Response {
+    if !unserved.is_empty() {
+        let list: Vec<String> = unserved.iter().map(u32::to_string).collect();
+        if let Ok(value) = HeaderValue::from_str(&list.join(",")) {
+            answer.headers_mut().insert(UNSERVED_HEADER, value);
+        }
+    }
+    answer
 }
 
 fn unavailable(detail: impl Into<String>) -> ApiError {
@@ -425,9 +450,7 @@ async fn find(node: &Node, id: &ReservationId, hops: u32) -> Result<u32, Respons
     }
     // Unknown everywhere we asked. That is a 404 only if every partition is
     // served: a partition being taken over may hold it.
-    let unserved = (0..node.log_partitions())
-        .any(|p| node.serving(p).is_none() && node.peers.owner_of(p).is_none());
-    if unserved {
+    if !unowned_partitions(node).is_empty() {
         return Err(unavailable(format!(
             "reservation {id} not found while some partitions change owner; retry"
         ))
@@ -536,62 +559,69 @@ async fn all_partitions(
     bytes: Bytes,
     hops: u32,
 ) -> Response {
-    let answers = match gather(node, parts, bytes, hops, "partitions").await {
-        Ok(answers) => answers,
-        Err(response) => return response,
-    };
-    let mut all: Vec<serde_json::Value> = Vec::new();
-    for answer in answers {
-        if let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&answer) {
-            all.extend(items);
+    gathered(node, parts, bytes, hops, "partitions", |answers| {
+        let mut all: Vec<serde_json::Value> = Vec::new();
+        for answer in answers {
+            if let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&answer) {
+                all.extend(items);
+            }
         }
-    }
-    Json(all).into_response()
+        serde_json::Value::Array(all)
+    })
+    .await
 }
 
 /// `GET /v1/shards?subject=` without a route: the subject's shards from
-/// every partition, once every partition has an owner (a list that missed
-/// one being taken over would understate what is outstanding). A partition
-/// that moves while the list is gathered can still be missed or listed
-/// twice; the answer is a view, not a statement.
+/// every partition.
 async fn all_shards(
     node: &Node,
     parts: axum::http::request::Parts,
     bytes: Bytes,
     hops: u32,
 ) -> Response {
-    if hops == 0 {
-        if let Some(p) = (0..node.log_partitions())
-            .find(|p| node.serving(*p).is_none() && node.peers.owner_of(*p).is_none())
-        {
-            return unavailable(format!("partition {p} has no owner right now; retry"))
-                .into_response();
+    gathered(node, parts, bytes, hops, "shards", |answers| {
+        let mut shards: Vec<serde_json::Value> = Vec::new();
+        let mut outstanding_units = 0u64;
+        for answer in answers {
+            let Ok(list) = serde_json::from_slice::<serde_json::Value>(&answer) else {
+                continue;
+            };
+            if let Some(items) = list["shards"].as_array() {
+                shards.extend(items.iter().cloned());
+            }
+            outstanding_units =
+                outstanding_units.saturating_add(list["outstanding_units"].as_u64().unwrap_or(0));
         }
+        serde_json::json!({"shards": shards, "outstanding_units": outstanding_units})
+    })
+    .await
+}
+
+/// [`gather`]'s answers merged into one, naming what nobody served
+/// ([`UNSERVED_HEADER`]).
+async fn gathered(
+    node: &Node,
+    parts: axum::http::request::Parts,
+    bytes: Bytes,
+    hops: u32,
+    what: &str,
+    merge: impl FnOnce(Vec<Bytes>) -> serde_json::Value,
+) -> Response {
+    let unserved = unowned_partitions(node);
+    match gather(node, parts, bytes, hops, what).await {
+        Ok(answers) => noting_unserved(&unserved, Json(merge(answers)).into_response()),
+        Err(response) => response,
     }
-    let answers = match gather(node, parts, bytes, hops, "shards").await {
-        Ok(answers) => answers,
-        Err(response) => return response,
-    };
-    let mut shards: Vec<serde_json::Value> = Vec::new();
-    let mut outstanding_units = 0u64;
-    for answer in answers {
-        let Ok(list) = serde_json::from_slice::<serde_json::Value>(&answer) else {
-            continue;
-        };
-        if let Some(items) = list["shards"].as_array() {
-            shards.extend(items.iter().cloned());
-        }
-        outstanding_units =
-            outstanding_units.saturating_add(list["outstanding_units"].as_u64().unwrap_or(0));
-    }
-    Json(serde_json::json!({"shards": shards, "outstanding_units": outstanding_units}))
-        .into_response()
 }
 
 /// The answers to one request of every partition this node serves and,
 /// unless it was forwarded, of every live peer (asked with one hop, so each
 /// answers for its own partitions). A local answer that is not a success is
-/// the answer; a peer that does not answer with one makes it a 503.
+/// the answer; a peer that does not answer with one makes it a 503. The
+/// callers name what nobody served ([`UNSERVED_HEADER`]); a partition that
+/// moves while the answers are gathered can still be missed or counted
+/// twice: the answer is a view, not a statement (`reservoir-replay` makes
+/// those).
 async fn gather(
     node: &Node,
     parts: axum::http::request::Parts,

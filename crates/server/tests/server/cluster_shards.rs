@@ -4,11 +4,13 @@
 //! shared key, so a gateway verifies it whichever node answered); a listing
 //! without a route gathers the subject's shards from both nodes; and a shard
 //! issued by a node that is then SIGKILLed reconciles on the node that took
-//! its partition over, once (the repeat reminting nothing). Afterwards the
+//! its partition over, once (the repeat reminting nothing); meanwhile a
+//! gathered list names the partitions nobody serves. Afterwards the
 //! topic is replayed: conservation holds in every partition, and what was
 //! reminted is what the reconcile confirmed unused. A node whose key file
 //! others can read does not start.
 
+use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -116,6 +118,34 @@ async fn shards_are_issued_by_the_owner_and_reconciled_after_a_take_over() {
     // The owner of `chat` dies; s1 takes its partitions over and
     // reconciles the shard s2 issued.
     let _s2_port = nodes[1].take().unwrap().kill();
+    // Until s1 has taken them over, nobody serves s2's partitions: a
+    // gathered list names the ones it lacks.
+    let mut named: BTreeSet<u32> = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let r = http
+            .get(format!("{}/v1/partitions", bases[0]))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == StatusCode::OK {
+            match r.headers().get("x-reservoir-unserved-partitions") {
+                Some(v) => named.extend(
+                    v.to_str()
+                        .unwrap()
+                        .split(',')
+                        .map(|p| p.parse::<u32>().unwrap()),
+                ),
+                None if !named.is_empty() => break,
+                None => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !named.is_empty() && named.is_subset(&s2),
+        "unserved {named:?}, s2 served {s2:?}"
+    );
     wait_served(&http, &bases[0], &["s1"], true, Duration::from_secs(60)).await;
     let reconcile = json!({"shard": chat, "gateway_id": "gw-1", "gateway_boot_epoch": 7,
     "receipts": [
