@@ -299,15 +299,14 @@ pub fn set_shard_gauges(log_partition: Option<u32>, writer_shard: usize, values:
         "reservoir_shards_unreconciled",
         "reservoir_shard_oldest_unreconciled_age_seconds",
     ];
-    let mut labels = vec![("writer_shard", writer_shard.to_string())];
+    let mut labels = vec![metrics::Label::new(
+        "writer_shard",
+        writer_shard.to_string(),
+    )];
     if let Some(p) = log_partition {
-        labels.push(("log_partition", p.to_string()));
+        labels.push(metrics::Label::new("log_partition", p.to_string()));
     }
     for (name, value) in NAMES.into_iter().zip(values) {
-        let labels: Vec<metrics::Label> = labels
-            .iter()
-            .map(|(k, v)| metrics::Label::new(*k, v.clone()))
-            .collect();
-        metrics::gauge!(name, labels).set(value);
+        metrics::gauge!(name, labels.clone()).set(value);
     }
 }
