@@ -703,7 +703,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError>
 pub async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics().render(),
+        crate::telemetry::render(state.metrics()),
     )
 }
 

@@ -180,8 +180,13 @@ pub async fn start_with_clock<L: EventLog>(
             let (stop_tx, stop_rx) = watch::channel(false);
             let (fatal_tx, mut fatal_rx) = watch::channel(None::<String>);
             let (in_doubt_tx, mut in_doubt_rx) = watch::channel(None::<String>);
-            telemetry::in_memory_after_recovery(recovered.index.len());
             let index = Arc::new(std::sync::RwLock::new(recovered.index));
+            let counted = Arc::downgrade(&index);
+            telemetry::count_in_memory(move || {
+                counted.upgrade().map_or(0, |index| {
+                    index.read().unwrap_or_else(|e| e.into_inner()).len()
+                })
+            });
             let snapshots = config.snapshot_interval.map(|every| Snapshotter {
                 retired: retired.clone(),
                 log: log.clone(),

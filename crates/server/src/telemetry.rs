@@ -13,7 +13,9 @@
 //!   answers were withheld (503) because the writer could not confirm its claim.
 //! - `reservoir_reservation_efficiency{route}`: settled ÷ reserved, per settlement.
 //! - `reservoir_reservations_in_memory`: records the writers hold (open ones and
-//!   finished ones inside the idempotency window); `reservoir_reservations_evicted_total`:
+//!   finished ones inside the idempotency window), counted from the writers'
+//!   index when `/metrics` is rendered ([`count_in_memory`] names the count);
+//!   `reservoir_reservations_evicted_total`:
 //!   records moved to the idempotency index; `reservoir_retired_lookups_total{result}`:
 //!   lookups in that index (`miss` for every new reserve, `hit` for a retry of an
 //!   evicted id).
@@ -28,7 +30,7 @@
 //! `deploy/grafana/dashboards/reservoir.json` draws these; a test checks that
 //! every metric it names is exported by a running server.
 
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use reservoir_core::{EventBody, Partition, PartitionKey, ShadowVerdict};
@@ -112,7 +114,6 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Par
         } => {
             metrics::counter!("reservoir_admissions_total", "route" => key.route.clone())
                 .increment(1);
-            metrics::gauge!("reservoir_reservations_in_memory").increment(1.0);
             if let Some(verdict) = shadow {
                 let verdict = match verdict {
                     ShadowVerdict::WouldAdmit => "would_admit",
@@ -169,10 +170,27 @@ pub fn record_event(key: &PartitionKey, body: &EventBody, partition: Option<&Par
 /// Records that left the writers' memory for the idempotency index.
 pub fn evicted(records: usize) {
     metrics::counter!("reservoir_reservations_evicted_total").increment(records as u64);
-    metrics::gauge!("reservoir_reservations_in_memory").decrement(records as f64);
 }
 
-/// Records the writers hold after recovery (the gauge starts there).
-pub fn in_memory_after_recovery(records: usize) {
-    metrics::gauge!("reservoir_reservations_in_memory").set(records as f64);
+type Count = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// What `reservoir_reservations_in_memory` reports, asked at every render.
+static IN_MEMORY: RwLock<Option<Count>> = RwLock::new(None);
+
+/// Names the count of records the writers hold: the index of the embedded
+/// writers, or of every partition a cluster node serves. The last call wins
+/// (a writer rebuilt in the same process names its new index). Counting when
+/// `/metrics` is rendered gives the gauge one source: counted per event, it
+/// drifted from the index whenever records arrived another way (recovery,
+/// a take-over) or left with a partition.
+pub fn count_in_memory(count: impl Fn() -> usize + Send + Sync + 'static) {
+    *IN_MEMORY.write().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(count));
+}
+
+/// The Prometheus text of every metric, the in-memory gauge counted now.
+pub fn render(handle: &PrometheusHandle) -> String {
+    if let Some(count) = IN_MEMORY.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        metrics::gauge!("reservoir_reservations_in_memory").set(count() as f64);
+    }
+    handle.render()
 }

@@ -1,31 +1,50 @@
 //! A cluster node's gauges. Several partitions' writers run in one process
-//! and share its metrics: the writers count the reservations they hold into
-//! one node-wide gauge (a take-over's recovered records were never added, a
-//! revoked partition's never taken away), and each sets the emergency-shard
-//! gauges of its writer shards under its log partition's label (which stay
-//! at their last value when the partition leaves). [`refresh`], every gossip
-//! round, sets the node-wide gauge to what the partitions it serves hold and
-//! zeroes the shard gauges of partitions it served before and serves no more.
+//! and share its metrics. `reservoir_reservations_in_memory` is counted when
+//! `/metrics` is rendered from the indexes of the partitions the node serves
+//! ([`count_in_memory`]), so a take-over's recovered records are in it and a
+//! revoked partition's are not. Each partition's writers set the
+//! emergency-shard gauges of their writer shards under its log partition's
+//! label, which stay at their last value when the partition leaves:
+//! [`zero_left_shards`], every gossip round, zeroes those of partitions the
+//! node served before and serves no more.
+
+use std::sync::{Arc, Weak};
 
 use super::{Node, SlotState};
 
-/// Sets `reservoir_reservations_in_memory` to the records the node's serving
-/// partitions hold, and the shard gauges of partitions no longer served to 0.
-pub fn refresh(node: &Node) {
-    let serving: Vec<(u32, usize)> = {
-        let slots = node.slots.read().expect("slots");
-        slots
-            .iter()
-            .filter_map(|(p, slot)| match &slot.state {
-                SlotState::Serving(owned) => {
-                    Some((*p, owned.writers.index.read().expect("index lock").len()))
-                }
-                _ => None,
-            })
-            .collect()
-    };
-    let in_memory: usize = serving.iter().map(|(_, records)| records).sum();
-    metrics::gauge!("reservoir_reservations_in_memory").set(in_memory as f64);
+/// Names the node's serving partitions as what the in-memory gauge counts.
+pub fn count_in_memory(node: &Arc<Node>) {
+    let node: Weak<Node> = Arc::downgrade(node);
+    crate::telemetry::count_in_memory(move || {
+        node.upgrade().map_or(0, |node| {
+            serving(&node).iter().map(|(_, records)| records).sum()
+        })
+    });
+}
+
+/// The partitions the node serves, each with the records its writers hold.
+fn serving(node: &Node) -> Vec<(u32, usize)> {
+    let slots = node.slots.read().unwrap_or_else(|e| e.into_inner());
+    slots
+        .iter()
+        .filter_map(|(p, slot)| match &slot.state {
+            SlotState::Serving(owned) => Some((
+                *p,
+                owned
+                    .writers
+                    .index
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .len(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Sets the shard gauges of partitions no longer served to 0.
+pub fn zero_left_shards(node: &Node) {
+    let serving = serving(node);
     let gauged = node.gauged.lock().expect("gauged");
     for p in gauged
         .iter()

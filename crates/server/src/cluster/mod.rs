@@ -338,6 +338,7 @@ pub async fn run(
         shards,
         gauged: Mutex::new(BTreeSet::new()),
     });
+    gauges::count_in_memory(&node);
     let app = routing::router(node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let gossip = tokio::spawn(status::gossip(node.clone(), stop_rx.clone()));

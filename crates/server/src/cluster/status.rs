@@ -306,7 +306,7 @@ pub async fn gossip(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
             _ = stop.wait_for(|s| *s) => return,
         }
         ask_peers(&node).await;
-        super::gauges::refresh(&node);
+        super::gauges::zero_left_shards(&node);
     }
 }
 
