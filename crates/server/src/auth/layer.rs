@@ -119,29 +119,43 @@ async fn check(
                 .into_response()
         }
     };
-    let Some(principal) = request.extensions().get::<Principal>() else {
-        return unauthorized("no credentials");
-    };
-    if principal.is_anonymous() {
-        return unauthorized("this route needs a bearer token");
-    }
     let subject = params
         .iter()
         .find(|(name, _)| *name == "subject" || *name == "tenant")
         .map(|(_, value)| value);
-    if !principal.may(allowed, subject) {
-        let detail = match subject {
-            Some(s) if principal.may(allowed, None) => {
-                format!("principal {} does not hold subject {s}", principal.name)
-            }
-            _ => format!(
-                "principal {} lacks the scope for this route",
-                principal.name
-            ),
-        };
-        return forbidden(detail).into_response();
+    if let Some(refused) = refusal(request.extensions().get::<Principal>(), allowed, subject) {
+        return refused;
     }
     next.run(request).await
+}
+
+/// The refusal, if any: 401 for no or an anonymous principal; 403 for one
+/// without a scope of `allowed`, or without `subject` where the request
+/// names one.
+pub fn refusal(
+    principal: Option<&Principal>,
+    allowed: &[Scope],
+    subject: Option<&str>,
+) -> Option<Response> {
+    let Some(principal) = principal else {
+        return Some(unauthorized("no credentials"));
+    };
+    if principal.is_anonymous() {
+        return Some(unauthorized("this route needs a bearer token"));
+    }
+    if principal.may(allowed, subject) {
+        return None;
+    }
+    let detail = match subject {
+        Some(s) if principal.may(allowed, None) => {
+            format!("principal {} does not hold subject {s}", principal.name)
+        }
+        _ => format!(
+            "principal {} lacks the scope for this route",
+            principal.name
+        ),
+    };
+    Some(forbidden(detail).into_response())
 }
 
 /// A handler's caller, as [`authenticate`] found it (anonymous if the layer

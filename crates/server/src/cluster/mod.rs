@@ -35,6 +35,7 @@
 //!   projection. The partitions' routers share that projection for sizing.
 //!   `reservoir project` ([`crate::project`]) runs the same projector alone.
 
+pub mod gate;
 pub mod gauges;
 pub mod membership;
 pub mod owned;
@@ -91,7 +92,7 @@ pub struct Node {
     pub slots: RwLock<HashMap<u32, Slot>>,
     pub peers: status::Peers,
     pub http: reqwest::Client,
-    pub id_cache: Mutex<HashMap<ReservationId, u32>>,
+    pub id_cache: Mutex<HashMap<ReservationId, Routed>>,
     /// Set once the node has had its first assignment from the group.
     pub joined: AtomicBool,
     /// Asks the membership thread to leave and rejoin the group (see
@@ -210,13 +211,27 @@ impl Node {
         }
     }
 
-    pub fn remember_id(&self, id: ReservationId, p: u32) {
+    pub fn remember_id(&self, id: ReservationId, routed: Routed) {
         let mut cache = self.id_cache.lock().expect("id cache");
         if cache.len() >= ID_CACHE_MAX_ENTRIES {
             cache.clear();
         }
-        cache.insert(id, p);
+        cache.insert(id, routed);
     }
+
+    /// Where this node last routed `id`: its partition and subject.
+    pub fn routed(&self, id: &ReservationId) -> Option<Routed> {
+        self.id_cache.lock().expect("id cache").get(id).cloned()
+    }
+}
+
+/// Where a reservation id went: its log partition, and its subject (a
+/// caller that does not see the subject is not sent there by the id alone:
+/// ids are chosen by clients, and another tenant's may be the same).
+#[derive(Clone, Debug)]
+pub struct Routed {
+    pub log_partition: u32,
+    pub subject: Arc<str>,
 }
 
 /// Runs a cluster node until `shutdown` resolves: connects to the topic, serves
@@ -287,6 +302,9 @@ pub async fn run(
     );
     let auth = crate::auth::Auth::open(&config.auth, config.listen, &config.data_dir)?;
     crate::warn_clear_tokens(&auth, false, config.listen);
+    if !auth.enabled() && auth.node_credential().is_some() {
+        return Err("--node-token-file without a tokens file: with authentication off this node would forward every request to its peers as unrestricted; give every node --tokens-file too".to_string());
+    }
     if auth.enabled() && auth.node_credential().is_none() {
         return Err("cluster mode with authentication needs --node-token-file (the credential nodes forward with; `reservoir token generate` makes one)".to_string());
     }

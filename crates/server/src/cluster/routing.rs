@@ -17,6 +17,15 @@
 //! The two gathered lists name the partitions nobody served while they were
 //! gathered in `x-reservoir-unserved-partitions` (absent when none).
 //!
+//! Before it places a request, the front checks the caller's scope and the
+//! subject the path or body names ([`gate`]): placing can answer by itself
+//! (an id nobody holds, a partition without an owner), and a caller without
+//! the route's scope must learn nothing from that. An id is looked up among
+//! the subjects the caller sees, here and (with its principal) on the peers,
+//! and a 404 from an owner never names it; ids this node routed are
+//! remembered with their subject, and a reserve under one of them for
+//! another partition is refused (422) as on one node.
+//!
 //! The shard routes are placed only on a node with `--shard-key-file`;
 //! without it they are answered here, 501 (see `Node::shards`).
 //!
@@ -38,7 +47,7 @@ use reservoir_core::ReservationId;
 use reservoir_log::kafka::log_partition_of_route;
 use tower::ServiceExt;
 
-use super::{status, Node};
+use super::{gate, status, Node, Routed};
 use crate::auth::{self, require, Principal};
 use crate::problem::ApiError;
 
@@ -69,7 +78,7 @@ pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/v1/cluster", require(auth::OPERATOR, get(cluster_view)))
         .route("/v1/cluster/node", require(auth::NODE, get(node_status)))
-        .route("/v1/cluster/locate/{id}", require(auth::NODE, get(locate)))
+        .route("/v1/cluster/locate/{id}", get(locate))
         .route("/readyz", get(readyz))
         .fallback(front)
         .layer(axum::middleware::from_fn_with_state(
@@ -113,46 +122,82 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
-/// `GET /v1/cluster/locate/{id}`: the partition holding `id` among this node's.
+/// `GET /v1/cluster/locate/{id}`: the partition holding `id` among this
+/// node's, of a subject the principal the asking peer forwards sees. For
+/// peers (the node credential, with or without the caller's principal) and
+/// operators.
 async fn locate(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    principal: Principal,
     axum::extract::Path(raw): axum::extract::Path<String>,
 ) -> Response {
+    if !gate::from_peer(&node, &headers) {
+        if let Some(refused) = auth::layer::refusal(Some(&principal), auth::NODE, None) {
+            return refused;
+        }
+    }
     match ReservationId::new(&raw)
         .ok()
-        .and_then(|id| locate_local(&node, &id, None))
+        .and_then(|id| locate_local(&node, &id, None, &principal))
     {
-        Some(p) => Json(serde_json::json!({"log_partition": p})).into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
+        Some(routed) => Json(serde_json::json!({
+            "log_partition": routed.log_partition,
+            "subject": &*routed.subject,
+        }))
+        .into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_reservation",
+            format!("no partition of this node holds reservation {raw}"),
+        )
+        .into_response(),
     }
 }
 
-/// The local partition holding `id`, not asking `asked` (looked in already).
-fn locate_local(node: &Node, id: &ReservationId, asked: Option<u32>) -> Option<u32> {
+/// The local partition holding `id` for `principal`, not asking `asked`
+/// (looked in already).
+fn locate_local(
+    node: &Node,
+    id: &ReservationId,
+    asked: Option<u32>,
+    principal: &Principal,
+) -> Option<Routed> {
     let slots = node.slots.read().expect("slots");
     slots
         .iter()
-        .find_map(|(p, slot)| (Some(*p) != asked && slot_holds(node, slot, id)).then_some(*p))
+        .filter(|(p, _)| Some(**p) != asked)
+        .find_map(|(p, slot)| {
+            let subject = slot_holds(node, slot, id, principal)?;
+            Some(Routed {
+                log_partition: *p,
+                subject,
+            })
+        })
 }
 
-/// Whether the local partition `slot` serves holds reservation `id`.
+/// The subject of reservation `id` if the local partition `slot` serves
+/// holds it and `principal` sees the subject: the caller's own reservation
+/// is found, not another subject's under the same id in another partition.
 ///
 /// The node's partitions share one idempotency index, which also keeps the
 /// records of partitions the node served before: a record found there is
 /// this slot's only if its subject/route is placed in this partition.
-fn slot_holds(node: &Node, slot: &super::Slot, id: &ReservationId) -> bool {
-    match &slot.state {
-        // An unreadable idempotency index is not "here": the caller asks the
-        // peers, and the owner's writer answers 503 when it is asked itself.
-        super::SlotState::Serving(owned) => match owned.writers.locate(id) {
-            Ok(Some(key)) => {
-                log_partition_of_route(&key.subject, &key.route, node.log_partitions())
-                    == owned.log_partition
-            }
-            _ => false,
-        },
-        _ => false,
-    }
+fn slot_holds(
+    node: &Node,
+    slot: &super::Slot,
+    id: &ReservationId,
+    principal: &Principal,
+) -> Option<Arc<str>> {
+    // An unreadable idempotency index is not "here": the caller asks the
+    // peers, and the owner's writer answers 503 when it is asked itself.
+    let super::SlotState::Serving(owned) = &slot.state else {
+        return None;
+    };
+    let key = owned.writers.locate(id).ok()??;
+    let here = log_partition_of_route(&key.subject, &key.route, node.log_partitions())
+        == owned.log_partition;
+    (here && principal.sees(&key.subject)).then(|| Arc::from(key.subject.as_str()))
 }
 
 /// The partitions neither this node nor, as far as it knows, any live peer serves.
@@ -220,23 +265,28 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     let partitions = node.log_partitions();
     let path = parts.uri.path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // The subject the request names, where the front reads it anyway.
+    let mut subject: Option<String> = None;
+    let mut placed = |s: &str, r: &str| {
+        subject = Some(s.to_string());
+        log_partition_of_route(s, r, partitions)
+    };
     let target = match (&parts.method, segments.as_slice()) {
-        (&Method::POST, ["v1", "policies"]) => {
-            serde_json::from_slice::<PolicyBody>(&bytes).map_or(Target::Local, |body| {
-                let Placed { subject, route, .. } = body.policy;
-                Target::Partition(log_partition_of_route(&subject, &route, partitions), None)
-            })
-        }
-        (&Method::GET, ["v1", "policies", subject, route])
-        | (&Method::POST, ["v1", "policies", subject, route, "rollback"]) => {
-            match (percent_decode(subject), percent_decode(route)) {
-                (Some(s), Some(r)) => {
-                    Target::Partition(log_partition_of_route(&s, &r, partitions), None)
-                }
+        (&Method::POST, ["v1", "policies"]) => match serde_json::from_slice::<PolicyBody>(&bytes) {
+            Ok(body) => Target::Partition(placed(&body.policy.subject, &body.policy.route), None),
+            Err(_) => Target::Local,
+        },
+        (&Method::GET, ["v1", "policies", s, r])
+        | (&Method::POST, ["v1", "policies", s, r, "rollback"]) => {
+            match (percent_decode(s), percent_decode(r)) {
+                (Some(s), Some(r)) => Target::Partition(placed(&s, &r), None),
                 _ => Target::Local,
             }
         }
-        (&Method::POST, ["v1", "reservations"]) => reserve_target(&parts, &bytes, partitions),
+        (&Method::POST, ["v1", "reservations"]) => match reserve_target(&parts, &bytes) {
+            Some((body, id)) => Target::Partition(placed(&body.subject, &body.route), id),
+            None => Target::Local,
+        },
         (_, ["v1", "reservations", id, ..]) if segments.len() <= 4 => {
             match percent_decode(id).and_then(|raw| ReservationId::new(&raw).ok()) {
                 Some(id) => Target::Id(id),
@@ -245,49 +295,89 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         }
         (&Method::GET, ["v1", "partitions"]) => Target::Partitions,
         (&Method::POST, ["v1", "shards"]) if node.shards.is_some() => {
-            serde_json::from_slice::<Placed>(&bytes).map_or(Target::Local, |placed| {
-                Target::Partition(
-                    log_partition_of_route(&placed.subject, &placed.route, partitions),
-                    None,
-                )
-            })
+            match serde_json::from_slice::<Placed>(&bytes) {
+                Ok(body) => Target::Partition(placed(&body.subject, &body.route), None),
+                Err(_) => Target::Local,
+            }
         }
         (&Method::POST, ["v1", "shards", _, "reconcile"]) if node.shards.is_some() => {
-            serde_json::from_slice::<Presented>(&bytes).map_or(Target::Local, |body| {
-                let key = body.shard.partition_key;
-                Target::Partition(
-                    log_partition_of_route(&key.subject, &key.route, partitions),
-                    None,
-                )
-            })
+            match serde_json::from_slice::<Presented>(&bytes) {
+                Ok(body) => {
+                    let key = body.shard.partition_key;
+                    Target::Partition(placed(&key.subject, &key.route), None)
+                }
+                Err(_) => Target::Local,
+            }
         }
         (&Method::GET, ["v1", "shards"]) if node.shards.is_some() => {
             match axum::extract::Query::<ShardsOf>::try_from_uri(&parts.uri) {
                 Ok(axum::extract::Query(ShardsOf {
-                    subject,
-                    route: Some(route),
-                })) => {
-                    Target::Partition(log_partition_of_route(&subject, &route, partitions), None)
+                    subject: s,
+                    route: Some(r),
+                })) => Target::Partition(placed(&s, &r), None),
+                Ok(axum::extract::Query(ShardsOf { subject: s, .. })) => {
+                    subject = Some(s);
+                    Target::Shards
                 }
-                Ok(_) => Target::Shards,
                 Err(_) => Target::Local,
             }
         }
         _ => Target::Local,
     };
-    let hops = hops(&parts.headers);
+    // The caller's scope and subject before anything is looked up (`gate`);
+    // a request under a reservation id that no route takes is answered
+    // locally (404 or 405), never by looking the id up.
+    let target = match gate::scopes(&parts.method, &segments) {
+        Some(allowed) => {
+            let principal = parts.extensions.get::<Principal>();
+            if let Some(refused) = auth::layer::refusal(principal, allowed, subject.as_deref()) {
+                return refused;
+            }
+            target
+        }
+        None if matches!(target, Target::Id(_)) => Target::Local,
+        None => target,
+    };
+    let hops = match gate::from_peer(&node, &parts.headers) {
+        true => hops(&parts.headers),
+        false => 0,
+    };
     match target {
         Target::Local => local_any(&node, parts, bytes).await,
         Target::Partitions => all_partitions(&node, parts, bytes, hops).await,
         Target::Shards => all_shards(&node, parts, bytes, hops).await,
         Target::Partition(p, reserve_id) => {
+            if let Some(id) = &reserve_id {
+                // The cheap half of "an id is unique across the cluster":
+                // one this node routed or found elsewhere is not reserved
+                // again in another partition (the partition's writer
+                // checks its own).
+                if node.routed(id).is_some_and(|r| r.log_partition != p) {
+                    return ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "exists_with_different_digest",
+                        reservoir_core::Rejection::ExistsWithDifferentDigest { id: id.clone() }
+                            .to_string(),
+                    )
+                    .into_response();
+                }
+            }
             let response = dispatch(&node, p, parts, bytes, hops).await;
-            if let (Some(id), true) = (reserve_id, response.status().is_success()) {
-                node.remember_id(id, p);
+            if let (Some(id), Some(subject), true) =
+                (reserve_id, subject, response.status().is_success())
+            {
+                let subject = Arc::from(subject.as_str());
+                node.remember_id(
+                    id,
+                    Routed {
+                        log_partition: p,
+                        subject,
+                    },
+                );
             }
             response
         }
-        Target::Id(id) => match find(&node, &id, hops).await {
+        Target::Id(id) => match find(&node, &id, hops, &parts).await {
             Ok(p) => dispatch(&node, p, parts, bytes, hops).await,
             Err(response) => response,
         },
@@ -335,12 +425,13 @@ struct ShardsOf {
     route: Option<String>,
 }
 
-/// The partition a reserve goes to and the id to remember it by (from the
-/// body, else the `idempotency-key` header); one parse of the body.
-fn reserve_target(parts: &axum::http::request::Parts, bytes: &Bytes, partitions: u32) -> Target {
-    let Ok(placed) = serde_json::from_slice::<Placed>(bytes) else {
-        return Target::Local;
-    };
+/// What places a reserve and the id to remember it by (from the body, else
+/// the `idempotency-key` header); one parse of the body.
+fn reserve_target<'a>(
+    parts: &axum::http::request::Parts,
+    bytes: &'a Bytes,
+) -> Option<(Placed<'a>, Option<ReservationId>)> {
+    let placed = serde_json::from_slice::<Placed>(bytes).ok()?;
     let from_body = match &placed.id {
         Some(serde_json::Value::String(id)) => Some(id.as_str()),
         _ => None,
@@ -353,10 +444,7 @@ fn reserve_target(parts: &axum::http::request::Parts, bytes: &Bytes, partitions:
                 .and_then(|v| v.to_str().ok())
         })
         .and_then(|raw| ReservationId::new(raw).ok());
-    Target::Partition(
-        log_partition_of_route(&placed.subject, &placed.route, partitions),
-        id,
-    )
+    Some((placed, id))
 }
 
 fn percent_decode(raw: &str) -> Option<String> {
@@ -405,30 +493,48 @@ async fn local_any(node: &Node, parts: axum::http::request::Parts, bytes: Bytes)
 }
 
 /// The partition holding reservation `id`, or the answer to give.
-async fn find(node: &Node, id: &ReservationId, hops: u32) -> Result<u32, Response> {
-    let routed = node.id_cache.lock().expect("id cache").get(id).copied();
+async fn find(
+    node: &Node,
+    id: &ReservationId,
+    hops: u32,
+    parts: &axum::http::request::Parts,
+) -> Result<u32, Response> {
+    let anonymous = Principal::anonymous();
+    let principal = parts.extensions.get::<Principal>().unwrap_or(&anonymous);
+    let routed = node
+        .routed(id)
+        .filter(|r| principal.sees(&r.subject))
+        .map(|r| r.log_partition);
     // The partition this node routed the id to is asked first: asking every
     // local partition looks the id up in each, a RocksDB read on every miss.
     if let Some(p) = routed {
         let slots = node.slots.read().expect("slots");
-        if slots.get(&p).is_some_and(|slot| slot_holds(node, slot, id)) {
+        if slots
+            .get(&p)
+            .is_some_and(|slot| slot_holds(node, slot, id, principal).is_some())
+        {
             return Ok(p);
         }
     }
-    if let Some(p) = locate_local(node, id, routed) {
-        return Ok(p);
+    if let Some(r) = locate_local(node, id, routed, principal) {
+        return Ok(r.log_partition);
     }
     if let Some(p) = routed {
         return Ok(p);
     }
     if hops == 0 {
         let mut asks = tokio::task::JoinSet::new();
+        let forwarded = principal_header(node, parts);
         for peer in node.peers.live() {
             let http = node.http.clone();
             let url = format!("{}/v1/cluster/locate/{id}", peer.url);
+            let forwarded = forwarded.clone();
             asks.spawn(async move {
-                let response = http
-                    .get(url)
+                let mut request = http.get(url);
+                if let Some(v) = forwarded {
+                    request = request.header(auth::forward::PRINCIPAL_HEADER, v);
+                }
+                let response = request
                     .header(HOPS_HEADER, "1")
                     .timeout(Duration::from_secs(2))
                     .send()
@@ -438,12 +544,16 @@ async fn find(node: &Node, id: &ReservationId, hops: u32) -> Result<u32, Respons
                     return None;
                 }
                 let body: serde_json::Value = response.json().await.ok()?;
-                body.get("log_partition")?.as_u64().map(|p| p as u32)
+                Some(Routed {
+                    log_partition: body.get("log_partition")?.as_u64()? as u32,
+                    subject: Arc::from(body.get("subject")?.as_str()?),
+                })
             });
         }
         while let Some(answer) = asks.join_next().await {
-            if let Ok(Some(p)) = answer {
-                node.remember_id(id.clone(), p);
+            if let Ok(Some(routed)) = answer {
+                let p = routed.log_partition;
+                node.remember_id(id.clone(), routed);
                 return Ok(p);
             }
         }
@@ -542,10 +652,16 @@ async fn forward(
             headers.append(name.clone(), value.clone());
         }
     }
-    // Kept when the owner's answer already names who served it (a second hop).
-    headers
-        .entry("x-reservoir-served-by")
-        .or_insert_with(|| HeaderValue::from_str(url).unwrap_or(HeaderValue::from_static("peer")));
+    // Kept when the owner's answer already names who served it (a second
+    // hop). Not on a 404: another subject's reservation answers exactly the
+    // 404 of one that does not exist, which the front gives by itself.
+    if status == StatusCode::NOT_FOUND {
+        headers.remove("x-reservoir-served-by");
+    } else {
+        headers.entry("x-reservoir-served-by").or_insert_with(|| {
+            HeaderValue::from_str(url).unwrap_or(HeaderValue::from_static("peer"))
+        });
+    }
     match response.bytes().await {
         Ok(body) => (status, headers, body).into_response(),
         Err(err) => unavailable(format!("owner {url} answer cut: {err}; retry")).into_response(),
@@ -696,11 +812,12 @@ mod tests {
     }
 
     fn target(body: &str, idempotency_key: Option<&str>) -> Option<(u32, Option<String>)> {
-        match reserve_target(&parts(idempotency_key), &Bytes::from(body.to_string()), 8) {
-            Target::Partition(p, id) => Some((p, id.map(|id| id.as_str().to_string()))),
-            Target::Local => None,
-            _ => panic!("a reserve goes to a partition or is answered locally"),
-        }
+        let bytes = Bytes::from(body.to_string());
+        let (placed, id) = reserve_target(&parts(idempotency_key), &bytes)?;
+        Some((
+            log_partition_of_route(&placed.subject, &placed.route, 8),
+            id.map(|id| id.as_str().to_string()),
+        ))
     }
 
     #[test]

@@ -60,7 +60,7 @@ async fn forwarded_requests_keep_the_callers_principal() {
     let data: Vec<_> = (0..2).map(|_| crate::support::tempdir().unwrap()).collect();
     let _nodes: Vec<Node> = (0..2)
         .map(|i| {
-            let child = Command::new(env!("CARGO_BIN_EXE_reservoir"))
+            let child = Command::new(crate::cluster::server_bin())
                 .args([
                     "serve",
                     "--log",
@@ -136,8 +136,9 @@ async fn forwarded_requests_keep_the_callers_principal() {
     let front = if owner == "a0" { &urls[1] } else { &urls[0] };
     let (at_a, _) = fixture(&tokens, front).await;
     let mut rows = table(&at_a);
-    // Cluster mode issues no shards yet: whoever passes the scope and
-    // subject checks learns that (501), the others are refused as before.
+    // Without --shard-key-file a cluster issues no shards: whoever passes
+    // the scope and subject checks learns that (501), the others are
+    // refused as before.
     for Row(_, path, _, expect) in rows.iter_mut() {
         if path.starts_with("/v1/shards") {
             for cell in expect.iter_mut().filter(|c| ![401, 403].contains(*c)) {
@@ -158,6 +159,14 @@ async fn forwarded_requests_keep_the_callers_principal() {
         None,
         [401, 401, 403, 403, 403, 200, 403],
     ));
+    // The front holds none of tenant-a's partitions: its own lookup finds
+    // nothing, for an operator (a peer asking gets the same).
+    rows.push(Row(
+        Method::GET,
+        "/v1/cluster/locate/res-a".into(),
+        None,
+        [401, 401, 403, 403, 403, 404, 403],
+    ));
     run_table(&tokens, front, &rows).await;
     // The front really forwarded: the owner answered A's reservation.
     let (s, _, headers) = send(
@@ -170,11 +179,98 @@ async fn forwarded_requests_keep_the_callers_principal() {
     .await;
     assert_eq!(s, StatusCode::OK);
     assert!(headers.contains_key("x-reservoir-served-by"), "{headers:?}");
+    // Gateway B asking for it gets the 404 of an id nobody holds, which
+    // does not name the node that holds A's.
+    let gateway_b = tokens.client(Role::GatewayB);
+    for id in ["res-a", "res-none"] {
+        let path = format!("/v1/reservations/{id}");
+        let (s, body, headers) = send(&gateway_b, front, &Method::GET, &path, None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{id}: {body}");
+        assert_eq!(problem_type(&body), "unknown_reservation", "{body}");
+        assert_eq!(
+            body["detail"],
+            format!("unknown reservation {id}"),
+            "{body}"
+        );
+        assert!(
+            !headers.contains_key("x-reservoir-served-by"),
+            "{id}: {headers:?}"
+        );
+    }
+    // A's id is not B's to reserve again in B's partition, through either
+    // node (a single node answers 422; B's partition's writer alone does
+    // not know the id).
+    assert_ne!(
+        tenant_a,
+        log_partition_of_route("tenant-b", "chat", PARTITIONS),
+        "the tenants' routes must be in two partitions for this check"
+    );
+    let taken =
+        serde_json::json!({"id": "res-a", "subject": "tenant-b", "route": "chat", "units": 1});
+    for url in &urls {
+        let (s, body, _) = send(
+            &gateway_b,
+            url,
+            &Method::POST,
+            "/v1/reservations",
+            Some(&taken),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{url}: {body}");
+        assert_eq!(
+            problem_type(&body),
+            "exists_with_different_digest",
+            "{body}"
+        );
+    }
+    // A client's hop count is not a peer's: the front still asks the owner.
+    let r = tokens
+        .client(Role::Operator)
+        .get(format!("{front}/v1/partitions"))
+        .header("x-reservoir-hops", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let listed: Value = r.json().await.unwrap();
+    let listed = listed.as_array().unwrap();
+    assert!(
+        listed.iter().any(|p| p["subject"] == "tenant-a"),
+        "the owner's partitions are listed: {listed:?}"
+    );
+    // The owner finds it for a peer, and for a peer asking on behalf of a
+    // principal that sees tenant-a; not for one that does not.
+    let owner_url = if front == &urls[0] {
+        &urls[1]
+    } else {
+        &urls[0]
+    };
+    let on_behalf = |principal: Option<reservoir_server::auth::Principal>| {
+        let mut request = reqwest::Client::new()
+            .get(format!("{owner_url}/v1/cluster/locate/res-a"))
+            .bearer_auth("node-credential-0123456789abcdef0123456789abcdef");
+        if let Some(p) = principal {
+            let header = reservoir_server::auth::forward::encode(&p).unwrap();
+            request = request.header("x-reservoir-principal", header);
+        }
+        request.send()
+    };
+    let gateway = |subject: &str| {
+        let mut p = reservoir_server::auth::Principal::anonymous();
+        p.name = format!("gateway-{subject}");
+        p.scopes.insert(reservoir_server::auth::Scope::Gateway);
+        p.subjects.exact.insert(subject.to_string());
+        p
+    };
+    assert_eq!(on_behalf(None).await.unwrap().status(), StatusCode::OK);
+    let seen = on_behalf(Some(gateway("tenant-a"))).await.unwrap();
+    assert_eq!(seen.status(), StatusCode::OK);
+    let unseen = on_behalf(Some(gateway("tenant-b"))).await.unwrap();
+    assert_eq!(unseen.status(), StatusCode::NOT_FOUND);
     // A principal header counts only with the node credential.
     let forged =
         reservoir_server::auth::forward::encode(&reservoir_server::auth::Principal::unrestricted())
             .unwrap();
-    let gateway_b = tokens.client(Role::GatewayB);
     for url in &urls {
         let r = gateway_b
             .get(format!("{url}/v1/partitions"))
@@ -201,4 +297,31 @@ async fn forwarded_requests_keep_the_callers_principal() {
         );
     }
     assert_conserved_at(&operator, front).await;
+}
+
+/// A node holding the node credential with authentication off would forward
+/// every request as unrestricted, and its peers would believe it.
+#[test]
+fn a_node_with_the_node_credential_and_authentication_off_does_not_start() {
+    let Some(brokers) = brokers() else { return };
+    let dir = crate::support::tempdir().unwrap();
+    let node_token = dir.path().join("node.token");
+    std::fs::write(
+        &node_token,
+        "node-credential-0123456789abcdef0123456789abcdef\n",
+    )
+    .unwrap();
+    let stderr = crate::cluster::refused_at_start(
+        &brokers,
+        "reservoir.auth-node-no-tokens",
+        &[
+            "--node-token-file".into(),
+            node_token.into(),
+            "--insecure-no-auth".into(),
+        ],
+    );
+    assert!(
+        stderr.contains("--node-token-file without a tokens file"),
+        "{stderr}"
+    );
 }

@@ -79,6 +79,52 @@ pub(super) fn server_bin() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_reservoir").to_string())
 }
 
+/// Starts a cluster node on `brokers` with `extra` arguments, which must
+/// make it exit at start: its stderr.
+pub(super) fn refused_at_start(brokers: &str, topic: &str, extra: &[std::ffi::OsString]) -> String {
+    let dir = tempdir().unwrap();
+    let mut child = Command::new(server_bin())
+        .args([
+            "serve",
+            "--log",
+            "kafka",
+            "--brokers",
+            brokers,
+            "--topic",
+            topic,
+        ])
+        .args([
+            "--cluster-group",
+            "g",
+            "--node-id",
+            "k1",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{extra:?}: the node was still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{extra:?}: {stderr}");
+    stderr
+}
+
 fn spawn_node(
     brokers: &str,
     topic: &str,

@@ -11,7 +11,6 @@
 //! others can read does not start.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -191,39 +190,10 @@ fn a_cluster_node_whose_shard_key_others_can_read_does_not_start() {
     let dir = tempdir().unwrap();
     let key_file = dir.path().join("shard.key");
     write_new_file(&key_file, &hex::encode(SEED), 0o644);
-    let mut child = Command::new(server_bin())
-        .args(["serve", "--log", "kafka", "--brokers", &brokers])
-        .args([
-            "--topic",
-            "reservoir.cluster-shards-key",
-            "--cluster-group",
-            "g",
-        ])
-        .args(["--node-id", "k1", "--listen", "127.0.0.1:0"])
-        .arg("--shard-key-file")
-        .arg(&key_file)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("a node with a readable shard key was still running after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(!status.success(), "{stderr}");
-    assert!(
-        stderr.contains("readable by group or others"),
-        "{status}: {stderr}"
+    let stderr = refused_at_start(
+        &brokers,
+        "reservoir.cluster-shards-key",
+        &["--shard-key-file".into(), key_file.into()],
     );
+    assert!(stderr.contains("readable by group or others"), "{stderr}");
 }
