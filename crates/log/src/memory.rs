@@ -8,7 +8,12 @@
 //! `fail_next_append_in_doubt()` writes the next append and then fails it with
 //! [`LogError::InDoubt`], like a Kafka append whose records landed but whose
 //! acknowledgement was lost; the log then refuses appends (InDoubt) until it is
-//! claimed again. [`MemoryLog::ordered`] gives a log with
+//! claimed again. `tear_next_append(per_mille)` does the same with only the
+//! first records of the next append of two or more written, about
+//! `per_mille`/1000 of them (at least one, never all): a Kafka append
+//! produces its records one by one, so one that fails part way, or that a
+//! newer claim lands in the middle of, keeps a prefix.
+//! [`MemoryLog::ordered`] gives a log with
 //! [`EventLog::ordered_appends`] (the writer pipelines on it): every failure
 //! makes it refuse all later appends until it is claimed again, and
 //! `set_append_delay` keeps each append in flight for a while.
@@ -38,6 +43,8 @@ pub struct MemoryLog {
     failures: AtomicUsize,
     fatal: AtomicBool,
     in_doubt_next: AtomicBool,
+    /// Armed by `tear_next_append`: the share of records kept, per mille.
+    tear_next: Mutex<Option<u64>>,
     /// Why appends are refused until the next claim.
     refusing: Mutex<Option<LogError>>,
     ordered: bool,
@@ -100,6 +107,13 @@ impl MemoryLog {
     /// The next append is written, then answered `InDoubt`.
     pub fn fail_next_append_in_doubt(&self) {
         self.in_doubt_next.store(true, Ordering::SeqCst);
+    }
+
+    /// The next append of two or more records writes a prefix of them
+    /// (about `per_mille`/1000, at least one, never all), then is answered
+    /// `InDoubt` like `fail_next_append_in_doubt`. `None` disarms it.
+    pub fn tear_next_append(&self, per_mille: Option<u64>) {
+        *self.tear_next.lock().expect("memory log lock") = per_mille;
     }
 
     /// How many times `append` was called (with records or not).
@@ -246,6 +260,36 @@ impl MemoryLog {
             return Err(err);
         }
         let writer_id = batch[0].writer_id.clone();
+        let torn = match batch.len() {
+            0 | 1 => None,
+            len => self
+                .tear_next
+                .lock()
+                .expect("memory log lock")
+                .take()
+                .map(|per_mille| (len as u64 * per_mille / 1000).clamp(1, len as u64 - 1)),
+        };
+        if let Some(kept) = torn {
+            stored
+                .entries
+                .extend(batch.into_iter().take(kept as usize).map(LogEntry::Record));
+            if let Some(epoch) = superseded {
+                stored.told_fenced.insert(epoch);
+            }
+            drop(stored);
+            self.appended.notify_waiters();
+            if superseded.is_some() {
+                return Err(fenced(&writer_id));
+            }
+            *refusing = Some(LogError::InDoubt {
+                log_partition: 0,
+                reason: "an earlier append is in doubt".into(),
+            });
+            return Err(LogError::InDoubt {
+                log_partition: 0,
+                reason: format!("injected: {kept} records written, the rest lost"),
+            });
+        }
         let positions = batch
             .into_iter()
             .map(|record| {

@@ -65,6 +65,11 @@ pub struct Cli {
     /// release gate's chunks).
     #[arg(long, conflicts_with = "save")]
     pub stolen_shards: bool,
+    /// Now and then an append keeps only its first records and is answered
+    /// in doubt, as a Kafka append can: other interleavings (not for the
+    /// release gate's chunks).
+    #[arg(long, conflicts_with = "save")]
+    pub torn_appends: bool,
     /// Threads running interleavings (each run stays on one thread).
     #[arg(long, default_value_t = 1, value_parser = at_least_one::<usize>)]
     pub threads: usize,
@@ -113,6 +118,7 @@ impl Cli {
             },
             projector: !self.no_projector,
             stolen_shards: self.stolen_shards,
+            torn_appends: self.torn_appends,
         }
     }
 }

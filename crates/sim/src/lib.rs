@@ -104,6 +104,10 @@
 //!   node restarts), a crash with batches in flight (appends held, the writer
 //!   tasks aborted, a new process claims the log and recovers), replies lost
 //!   on the way back, clock jumps past leases, execution limits and epochs.
+//!   With `--torn-appends` (not the release gate's interleavings), half of
+//!   the appends armed to be in doubt keep only a prefix of their records,
+//!   as a Kafka append can: a publish or epoch roll cut after its
+//!   successor's opening is finished by the first batch after the rebuild.
 //! - Take-overs that leave the old process running (`RunConfig::zombies`,
 //!   on unless `--no-zombies`): a new writer claims the log while the old
 //!   one's writers still answer the gateways that route to it, until an
@@ -306,6 +310,7 @@ pub use check::{Finding, Gate};
 pub use report::Summary;
 pub use run::{
     policies_valid, run, Plant, RunConfig, RunOutcome, STOLEN_UNAVAILABLE, STOLEN_UNSENT,
+    TORN_APPEND,
 };
 
 /// Runs seeds `first .. first + n` on `threads` threads (each run stays on

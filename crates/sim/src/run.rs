@@ -42,6 +42,7 @@ mod shards;
 mod stream;
 
 pub use config::{Plant, RunConfig};
+pub use faults::TORN_APPEND;
 pub use shard_answers::{STOLEN_UNAVAILABLE, STOLEN_UNSENT};
 
 use client_gateway::ClientSide;
@@ -214,6 +215,8 @@ struct World {
     /// A second gateway now and then presents a shard its book refused
     /// (`--stolen-shards`).
     stolen_shards: bool,
+    /// Some appends keep a prefix of their records (`--torn-appends`).
+    torn_appends: bool,
     /// A snapshot being taken this round: its cut, and each shard's part.
     taking: Option<(reservoir_server::snapshot::Cut, Vec<Option<SnapshotPart>>)>,
     /// Copies of call requests the network holds: (round due, call, phase).
@@ -337,6 +340,7 @@ impl World {
             zombies: config.zombies,
             chat_shards: config.chat_shards,
             stolen_shards: config.stolen_shards,
+            torn_appends: config.torn_appends,
             stream_cancel: config.stream_cancel,
             clients,
             projection,
@@ -513,6 +517,7 @@ impl World {
         }
         self.client_deliver(http, fault.drop_per_mille).await;
         self.node.log.inner.fail_next_appends(0);
+        self.node.log.inner.tear_next_append(None);
         self.finish_snapshot();
         panics.extend(self.age_zombie().await);
         for panic in panics {

@@ -407,6 +407,11 @@ impl Shard {
         old: &PartitionKey,
         next: &PartitionKey,
     ) -> Result<(), Failure> {
+        let failpoint = super::moves::failpoint();
+        if failpoint == Some(super::moves::Failpoint::AfterOpening) {
+            batch.pause_after = true;
+            return Ok(());
+        }
         for command in [Command::Refill, Command::Close] {
             let now = self.now_for(old);
             let events = decide(&self.state.partitions[old].partition, &command, now)
@@ -415,7 +420,7 @@ impl Shard {
                 self.commit_speculatively(batch, old, events);
             }
         }
-        let paused = super::moves::failpoint_between_halves();
+        let paused = failpoint == Some(super::moves::Failpoint::BetweenHalves);
         if paused {
             batch.pause_after = true;
         }

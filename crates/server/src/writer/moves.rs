@@ -10,6 +10,17 @@
 //! what arrives is a function of what left, so the result is the same on any
 //! node.
 //!
+//! A generation switch or an epoch roll is more than one move: the
+//! successor's opening, the superseded partition's refill and close, then
+//! the move. A log that keeps only the start of such a batch (Kafka
+//! produces a batch's records one by one: an append that fails part way, or
+//! that a newer claim lands in the middle of, keeps a prefix) leaves the
+//! superseded partition open beside the active one, or closed with its
+//! debt. The same first batch after recovery finishes it
+//! ([`Shard::complete_supersessions`]): closes what is open and moves its
+//! capacity and debt on. The refill it would have earned up to the switch
+//! is not granted (what is missing is never made up in its favour).
+//!
 //! What moves: in every dimension the closed partition's `available`, up to
 //! the next partition's room below its burst, and all of its debt. Capacity
 //! beyond the room stays in the closed partition's `available`, still in its
@@ -28,14 +39,27 @@ use sha2::{Digest, Sha256};
 use super::pipeline::{Batch, Shard};
 use super::protocol::Failure;
 
-/// Environment variable of the test failpoint: with `pause`, a publish logs
-/// only the first half of its move, and the shard stops after that batch is
-/// durable (until the process is killed). Never set outside tests.
+/// Environment variable of the test failpoints: with `pause`, a publish
+/// logs only the first half of its move; with `open-only`, only its
+/// successor's opening (the superseded partition neither closed nor moved,
+/// as a torn Kafka append can leave it). Either way the shard stops after
+/// that batch is durable (until the process is killed). Never set outside
+/// tests.
 pub const FAILPOINT_MOVE_HALVES: &str = "RESERVOIR_FAILPOINT_MOVE_HALVES";
 
-/// Whether the failpoint that stops between the halves of a move is armed.
-pub(super) fn failpoint_between_halves() -> bool {
-    std::env::var(FAILPOINT_MOVE_HALVES).is_ok_and(|v| v == "pause")
+/// Where the test failpoint stops a publish, if it is armed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failpoint {
+    BetweenHalves,
+    AfterOpening,
+}
+
+pub(super) fn failpoint() -> Option<Failpoint> {
+    match std::env::var(FAILPOINT_MOVE_HALVES).as_deref() {
+        Ok("pause") => Some(Failpoint::BetweenHalves),
+        Ok("open-only") => Some(Failpoint::AfterOpening),
+        _ => None,
+    }
 }
 
 /// The id of the `n`th move out of `from` into `to`: derived from the
@@ -223,6 +247,45 @@ impl Shard {
                 // The refund stays in the closed partition (in its books and in
                 // the cross-partition sum) until the next event there moves it.
                 tracing::warn!(%key, ?failure, "draining move not decided");
+            }
+        }
+    }
+
+    /// Finishes every supersession the log holds only the start of (see the
+    /// module docs): a subject/route's partition that is not its active one
+    /// yet is open, or is closed and still owes debt (which always moves
+    /// whole, so only a lost tail leaves it). Closed, and what it can give
+    /// moved into the active partition, in `batch`. Run once, before the
+    /// first request a shard decides after recovery, after
+    /// [`Shard::complete_half_moves`].
+    pub(super) fn complete_supersessions(&mut self, batch: &mut Batch) {
+        let mut torn: Vec<(PartitionKey, PartitionKey)> = self
+            .state
+            .partitions
+            .iter()
+            .filter_map(|(key, ps)| {
+                let sr = (key.subject.clone(), key.route.clone());
+                let active = self.state.active.get(&sr).filter(|a| *a != key)?;
+                let p = &ps.partition;
+                let owes = p.ledgers().any(|l| l.debt_units().unwrap_or(0) > 0);
+                (p.policy.is_some() && (!p.closed || owes)).then(|| (key.clone(), active.clone()))
+            })
+            .collect();
+        torn.sort();
+        for (old, active) in torn {
+            tracing::warn!(%old, %active, "finishing a supersession the log kept only the start of");
+            let now = self.now_for(&old);
+            match decide(&self.state.partitions[&old].partition, &Command::Close, now) {
+                Ok(events) if !events.is_empty() => {
+                    self.commit_speculatively(batch, &old, events);
+                }
+                Ok(_) => {}
+                Err(rejection) => panic!("closing {old} after its successor opened: {rejection}"),
+            }
+            if let Err(failure) = self.move_onward(batch, &old, &active, true) {
+                // As in `drain_onward`: it stays in the closed partition (in
+                // its books and the cross-partition sum) until it can move.
+                tracing::warn!(%old, ?failure, "move after a torn supersession not decided");
             }
         }
     }

@@ -316,6 +316,7 @@ impl Shard {
         let mut batch = Batch::default();
         if !self.half_moves_checked {
             self.complete_half_moves(&mut batch);
+            self.complete_supersessions(&mut batch);
             self.half_moves_checked = true;
         }
         let mut pendings = Vec::with_capacity(envelopes.len());
@@ -432,8 +433,8 @@ impl Shard {
         }
         self.retire(std::mem::take(&mut flight.evicted));
         if flight.pause_after {
-            // The test failpoint: the first half of a move is durable, the
-            // second is not; wait here until the test kills the process.
+            // The test failpoint: the start of a publish is durable, the
+            // rest is not; wait here until the test kills the process.
             tracing::warn!(
                 shard = self.id,
                 "failpoint: paused between the halves of a move"

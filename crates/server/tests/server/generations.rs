@@ -296,6 +296,105 @@ async fn sigkill_between_the_halves_of_a_move_is_completed_by_recovery() {
     server.child.wait().expect("reaped");
 }
 
+/// Posts `body` to `base` + `path`: the status and the answer.
+async fn post_to(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: Value,
+) -> (StatusCode, Value) {
+    let r = client
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await;
+    split(r.expect("sent")).await
+}
+
+/// A publish whose log kept only the successor's opening (as a torn Kafka
+/// append can: the failpoint stops there, and the process is SIGKILLed):
+/// the first batch after recovery closes the old generation and moves its
+/// debt on, so the new one is frozen by it, every partition conserves, a
+/// repeated publish is answered as done, and a second restart finds the
+/// same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_cut_after_its_opening_is_finished_by_recovery() {
+    let dir = crate::support::tempdir().unwrap();
+    let mut server = spawn_server_env(dir.path(), &[], &[]).await;
+    let client = reqwest::Client::new();
+    let g1 = json!({"accounting_epoch": "e", "policy": policy("t", "r", 1, 1_000, 0)});
+    let (status, body) = post_to(&client, &server.base, "/v1/policies", g1).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let reserve = json!({"id": "over", "subject": "t", "route": "r", "units": 500});
+    let (status, body) = post_to(&client, &server.base, "/v1/reservations", reserve).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let start = json!({"operation_id": "op-over"});
+    let (status, body) = post_to(&client, &server.base, "/v1/reservations/over/start", start).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let used = json!({"actual_units": 1_800});
+    let (status, body) = post_to(&client, &server.base, "/v1/reservations/over/settle", used).await;
+    assert_eq!(
+        (status, &body["state"]),
+        (StatusCode::OK, &json!("SETTLED_WITH_DEBT"))
+    );
+    let before = assert_conserved_at(&client, &server.base).await;
+    assert_eq!(generation(&before, 1)["debt_units"], 800);
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+
+    let failpoint = [("RESERVOIR_FAILPOINT_MOVE_HALVES", "open-only")];
+    let mut server = spawn_server_env(dir.path(), &[], &failpoint).await;
+    let paused = FAILPOINT_PAUSES.load(Ordering::SeqCst);
+    let g2 = json!({"accounting_epoch": "e", "policy": policy("t", "r", 2, 1_000, 0)});
+    let publish = {
+        let (client, base, g2) = (client.clone(), server.base.clone(), g2.clone());
+        // Never answered: the process is killed at the failpoint.
+        tokio::spawn(async move {
+            let url = format!("{base}/v1/policies");
+            client.post(url).json(&g2).send().await.ok()
+        })
+    };
+    eventually(Duration::from_secs(30), || async {
+        (FAILPOINT_PAUSES.load(Ordering::SeqCst) > paused).then_some(())
+    })
+    .await;
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+    publish.abort();
+
+    let mut server = spawn_server_env(dir.path(), &[], &[]).await;
+    let parts = assert_conserved_at(&client, &server.base).await;
+    assert_eq!(parts.len(), 2, "g2's opening was durable: {parts:?}");
+    let (old, new) = (generation(&parts, 1), generation(&parts, 2));
+    assert_eq!(old["closed"], true, "{old}");
+    assert_eq!(old["debt_units"], 0, "the debt moved on: {old}");
+    assert_eq!(new["debt_units"], 800, "{new}");
+    assert_eq!(capacity(&parts, "t", "r"), capacity(&before, "t", "r"));
+    assert_moves_pair(&parts, "t", "r");
+    let frozen = json!({"id": "frozen", "subject": "t", "route": "r", "units": 1});
+    let (status, body) = post_to(&client, &server.base, "/v1/reservations", frozen).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(problem_type(&body), "debt_outstanding", "{body}");
+    // The publish, asked again, is done: the same policy, nothing moves.
+    let (status, body) = post_to(&client, &server.base, "/v1/policies", g2).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let again = assert_conserved_at(&client, &server.base).await;
+    assert_eq!(
+        sum(&again, "t", "r", "moves_in"),
+        sum(&parts, "t", "r", "moves_in")
+    );
+    // What finished it is in the log: a second restart finds the same.
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+    let mut server = spawn_server_env(dir.path(), &[], &[]).await;
+    let restarted = assert_conserved_at(&client, &server.base).await;
+    assert_eq!(generation(&restarted, 1)["closed"], true);
+    assert_eq!(generation(&restarted, 2)["debt_units"], 800);
+    assert_moves_pair(&restarted, "t", "r");
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+}
+
 /// A policy may hold generation 2^53, the highest there is; a rollback
 /// without a generation then has none above it to run as, and says so
 /// (409) rather than refusing the policy it would have made (found by

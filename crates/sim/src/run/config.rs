@@ -143,6 +143,12 @@ pub struct RunConfig {
     /// requests the release gate's interleavings never sent
     /// (`--stolen-shards` runs other interleavings).
     pub stolen_shards: bool,
+    /// Now and then the log keeps only the first records of an append of
+    /// several and answers it in doubt, as a Kafka append can (its records
+    /// are produced one by one: one that fails part way, or that a newer
+    /// claim lands in, keeps a prefix). Off by default: the release gate's
+    /// interleavings never drew it (`--torn-appends` runs other ones).
+    pub torn_appends: bool,
 }
 
 impl RunConfig {
@@ -157,6 +163,7 @@ impl RunConfig {
             client_gateways: 1,
             projector: true,
             stolen_shards: false,
+            torn_appends: false,
         }
     }
 
@@ -185,6 +192,9 @@ impl RunConfig {
         }
         if self.stolen_shards {
             flags.push_str(" --stolen-shards");
+        }
+        if self.torn_appends {
+            flags.push_str(" --torn-appends");
         }
         flags
     }

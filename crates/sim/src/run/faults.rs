@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// What the coverage counts for an append the log kept only a prefix of
+/// (`--torn-appends`), once the node re-claims after it.
+pub const TORN_APPEND: &str = "append torn: a prefix kept, in doubt, re-claimed";
+
 /// The fault a round arms.
 #[derive(Default)]
 pub(super) struct Fault {
@@ -28,6 +32,11 @@ impl World {
                 let n = self.rng.range(1, 3) as usize;
                 self.node.log.inner.fail_next_appends(n);
                 format!("fail next {n} appends")
+            }
+            63..=68 if self.torn_appends && self.rng.chance(500) => {
+                let per_mille = self.rng.range(1, 999);
+                self.node.log.inner.tear_next_append(Some(per_mille));
+                format!("next append of several torn ({per_mille}‰ kept), in doubt")
             }
             63..=68 => {
                 self.node.log.inner.fail_next_append_in_doubt();
@@ -126,6 +135,9 @@ impl World {
                 Some(Trouble::InDoubt(reason)) => {
                     self.note(format!("  log in doubt ({reason}): re-claim and rebuild"));
                     self.count("re-claim");
+                    if reason.contains("the rest lost") {
+                        self.count(TORN_APPEND);
+                    }
                     if self.node.snapshot.is_some() {
                         self.count("re-claim from a snapshot");
                     }
