@@ -171,6 +171,7 @@ async fn serve(mut config: Config) -> Result<(), String> {
             let log = KafkaLog::connect(kafka)
                 .await
                 .map_err(|e| format!("cannot connect to Kafka: {e}"))?;
+            log.check_placement().await.map_err(|e| e.to_string())?;
             // One node owns every log partition: claim each before recovery.
             let mut epochs = Vec::new();
             for p in 0..log.log_partitions() {

@@ -28,6 +28,8 @@ mod cluster_forward;
 mod cluster_retired;
 #[path = "server/cluster_shards.rs"]
 mod cluster_shards;
+#[path = "server/cluster_topic.rs"]
+mod cluster_topic;
 #[path = "server/config.rs"]
 mod config;
 #[path = "server/crash.rs"]

@@ -10,6 +10,9 @@
 //! is 7 days) deletes the log's beginning, compaction keeps only the last
 //! record of each subject/route (the record key), and unclean leader
 //! election may lose acknowledged records on a failover.
+//!
+//! A writer also checks that the topic's partition count is the one its
+//! records were placed by ([`KafkaLog::check_placement`]).
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -39,6 +42,40 @@ pub(super) async fn ensure_topic(config: &KafkaConfig) -> Result<u32, LogError> 
     .await;
     release(admin);
     checked
+}
+
+/// Records read from the start of each partition by [`KafkaLog::check_placement`].
+const PLACEMENT_SAMPLE: usize = 64;
+
+impl KafkaLog {
+    /// Refuses a topic whose partition count is not the one its records
+    /// were placed by. A subject/route's records go to the partition its
+    /// key hashes to among the topic's partitions, and Kafka adds
+    /// partitions without moving a record: after an increase most
+    /// subject/routes would be looked for, and opened afresh, where their
+    /// history is not (their capacity granted again, their debt left
+    /// behind). So the first records of every partition must be placed
+    /// where they are. For writers (a node before it claims anything);
+    /// readers place nothing.
+    pub async fn check_placement(&self) -> Result<(), LogError> {
+        let partitions = self.inner.log_partitions;
+        for p in 0..partitions {
+            for (position, entry) in self.read(p, 0, PLACEMENT_SAMPLE).await? {
+                let LogEntry::Record(record) = entry else {
+                    continue;
+                };
+                let (subject, route) = (&record.key.subject, &record.key.route);
+                let placed = log_partition_of_route(subject, route, partitions);
+                if placed != p {
+                    return Err(LogError::Invalid(format!(
+                        "topic {} has {partitions} partitions, but the record at partition {p} offset {} ({subject}/{route}) belongs in partition {placed} by that count: partitions were added after records were written (Kafka moves none), and every subject/route's history must stay where its requests go. Use a topic with the partition count its records were written with",
+                        self.inner.config.topic, position.offset
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn admin_client(config: &KafkaConfig) -> Result<AdminClient<DefaultClientContext>, LogError> {

@@ -8,14 +8,20 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use reservoir_log::kafka::{settings_that_delete, KafkaLog, KEEP_EVERY_RECORD};
+use reservoir_log::kafka::{
+    log_partition_of_route, settings_that_delete, KafkaLog, KEEP_EVERY_RECORD,
+};
 use reservoir_log::LogError;
+use reservoir_log::{EventLog, EventReader};
 use reservoir_testkit::output_bounded;
 
-use crate::kafka::{config, kafka_tools, unique_topic, TOOL_LIMIT};
+use crate::fixtures;
+use crate::kafka::{claimed_writer, config, kafka_tools, unique_topic, TOOL_LIMIT};
 
 fn admin(brokers: &str) -> AdminClient<DefaultClientContext> {
     ClientConfig::new()
@@ -163,4 +169,51 @@ async fn a_topic_that_would_delete_records_is_refused_until_fixed() {
         settings_that_delete(|name| found.get(name).map(String::as_str)),
         Vec::<String>::new()
     );
+}
+
+/// Partitions added to a topic after records were written: Kafka moves no
+/// record, and placement is by the count, so most subject/routes would be
+/// looked for where their history is not. A writer refuses the topic on
+/// connect, naming the count; before the change it takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_whose_partition_count_changed_is_refused() {
+    let brokers = require_broker!();
+    let topic = unique_topic("repartitioned");
+    // A subject whose records go to another partition once a third is added.
+    let subject = (0..)
+        .map(|i| format!("tenant-{i}"))
+        .find(|s| {
+            let placed = |n| log_partition_of_route(s, "chat.generate", n);
+            placed(2) != placed(3)
+        })
+        .unwrap();
+    let log = claimed_writer(config(&brokers, &topic, "w1", 2)).await;
+    let p = log.log_partition_for(&fixtures::key(&subject));
+    let epoch = log.held_claim(p).await.unwrap().epoch;
+    log.append(vec![fixtures::record(&subject, "w1", epoch, 1, 2)])
+        .await
+        .expect("append");
+    log.check_placement()
+        .await
+        .expect("placed by its own count");
+    drop(log);
+
+    let admin = admin(&brokers);
+    for result in admin
+        .create_partitions([&NewPartitions::new(&topic, 3)], &AdminOptions::new())
+        .await
+        .expect("add a partition")
+    {
+        result.expect("partition added");
+    }
+    let log = KafkaLog::connect(config(&brokers, &topic, "w2", 3))
+        .await
+        .expect("connect");
+    assert_eq!(log.log_partitions(), 3);
+    let refused = log.check_placement().await;
+    let Err(LogError::Invalid(why)) = &refused else {
+        panic!("a repartitioned topic was taken: {refused:?}")
+    };
+    assert!(why.contains("has 3 partitions"), "{why}");
+    assert!(why.contains(&subject), "{why}");
 }

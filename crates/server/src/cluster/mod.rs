@@ -259,6 +259,7 @@ pub async fn run(
     let log = KafkaLog::connect(kafka)
         .await
         .map_err(|e| format!("cannot connect to Kafka: {e}"))?;
+    log.check_placement().await.map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
