@@ -70,24 +70,31 @@ pub fn router(state: AppState, max_body_bytes: usize, auth: Arc<Auth>) -> Router
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
         })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this resource",
-            )
-        })
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(auth, authenticate))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            )
-            .into_response()
-        }))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
         .with_state(state)
+}
+
+/// A method the resource does not take: 405 as a problem.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this resource",
+    )
+}
+
+/// What a panic in a handler answers (through `CatchPanicLayer`): a 500
+/// problem, not a dropped connection.
+pub fn panicked(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "internal error",
+    )
+    .into_response()
 }
 
 pub use crate::bodies::*;

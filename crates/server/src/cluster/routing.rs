@@ -81,9 +81,13 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/cluster/locate/{id}", get(locate))
         .route("/readyz", get(readyz))
         .fallback(front)
+        .method_not_allowed_fallback(crate::api::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             node.auth.clone(),
             auth::authenticate,
+        ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            crate::api::panicked,
         ))
         .with_state(node)
 }
@@ -108,9 +112,19 @@ struct Offsets {
 
 async fn node_status(
     State(node): State<Arc<Node>>,
-    query: axum::extract::Query<Offsets>,
+    query: Result<axum::extract::Query<Offsets>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    Json(status::local(&node, query.offsets.unwrap_or(false)).await).into_response()
+    match query {
+        Ok(query) => {
+            Json(status::local(&node, query.offsets.unwrap_or(false)).await).into_response()
+        }
+        Err(rejection) => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            rejection.body_text(),
+        )
+        .into_response(),
+    }
 }
 
 /// Ready once the group has given this node its first assignment.

@@ -159,6 +159,19 @@ async fn forwarded_requests_keep_the_callers_principal() {
         None,
         [401, 401, 403, 403, 403, 200, 403],
     ));
+    // The front's own answers are problems too.
+    rows.push(Row(
+        Method::GET,
+        "/v1/cluster/node?offsets=maybe".into(),
+        None,
+        [401, 401, 403, 403, 403, 400, 403],
+    ));
+    rows.push(Row(
+        Method::DELETE,
+        "/v1/cluster".into(),
+        None,
+        [405, 401, 405, 405, 405, 405, 405],
+    ));
     // The front holds none of tenant-a's partitions: its own lookup finds
     // nothing, for an operator (a peer asking gets the same).
     rows.push(Row(
