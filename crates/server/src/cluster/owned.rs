@@ -199,8 +199,10 @@ async fn try_take_over(node: &Arc<Node>, p: u32, attempt: u64) -> Result<(), Str
     if let Some(shards) = &node.shards {
         state.set_shards(shards.clone());
     }
-    // Sizing reads the node's projection of the whole topic.
+    // Sizing reads the node's projection of the whole topic, and the
+    // estimator settings older versions kept beside the log, as one node does.
     state.queries().share(&node.queries);
+    state.estimators().set_dir(&node.config.data_dir);
     let clock = crate::clock::system();
     node.gauged.lock().expect("gauged").insert(p);
     let (writers, shard_tasks) = writer::spawn(writer::WriterSetup {
