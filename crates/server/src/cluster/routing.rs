@@ -34,6 +34,7 @@
 //! (ownership is moving; the client retries with the same id).
 
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -225,12 +226,28 @@ fn unowned_partitions(node: &Node) -> Vec<u32> {
 /// was gathered: their numbers, comma-separated.
 pub const UNSERVED_HEADER: &str = "x-reservoir-unserved-partitions";
 
-/// `answer` with [`UNSERVED_HEADER`] when `unserved` is not empty.
-fn noting_unserved(unserved: &[u32], mut answer: Response) -> Response {
+/// Header of a node's part of a gathered list, for the node gathering it:
+/// the partitions whose answers are in it, comma-separated.
+pub const SERVED_HEADER: &str = "x-reservoir-served-partitions";
+
+fn partition_list(partitions: &BTreeSet<u32>) -> Option<HeaderValue> {
+    let list: Vec<String> = partitions.iter().map(u32::to_string).collect();
+    HeaderValue::from_str(&list.join(",")).ok()
+}
+
+/// `answer` with [`SERVED_HEADER`], and [`UNSERVED_HEADER`] naming every
+/// partition of the topic not in `served` (none: the header is absent).
+fn noting_served(node: &Node, served: &BTreeSet<u32>, mut answer: Response) -> Response {
+    let unserved: BTreeSet<u32> = (0..node.log_partitions())
+        .filter(|p| !served.contains(p))
+        .collect();
+    let headers = answer.headers_mut();
+    if let Some(value) = partition_list(served) {
+        headers.insert(SERVED_HEADER, value);
+    }
     if !unserved.is_empty() {
-        let list: Vec<String> = unserved.iter().map(u32::to_string).collect();
-        if let Ok(value) = HeaderValue::from_str(&list.join(",")) {
-            answer.headers_mut().insert(UNSERVED_HEADER, value);
+        if let Some(value) = partition_list(&unserved) {
+            headers.insert(UNSERVED_HEADER, value);
         }
     }
     answer
@@ -728,7 +745,7 @@ async fn all_shards(
 }
 
 /// [`gather`]'s answers merged into one, naming what nobody served
-/// ([`UNSERVED_HEADER`]).
+/// ([`UNSERVED_HEADER`]) and what was ([`SERVED_HEADER`]).
 async fn gathered(
     node: &Node,
     parts: axum::http::request::Parts,
@@ -737,45 +754,48 @@ async fn gathered(
     what: &str,
     merge: impl FnOnce(Vec<Bytes>) -> serde_json::Value,
 ) -> Response {
-    let unserved = unowned_partitions(node);
     match gather(node, parts, bytes, hops, what).await {
-        Ok(answers) => noting_unserved(&unserved, Json(merge(answers)).into_response()),
+        Ok((answers, served)) => noting_served(node, &served, Json(merge(answers)).into_response()),
         Err(response) => response,
     }
 }
 
 /// The answers to one request of every partition this node serves and,
 /// unless it was forwarded, of every live peer (asked with one hop, so each
-/// answers for its own partitions). A local answer that is not a success is
-/// the answer; a peer that does not answer with one makes it a 503. The
-/// callers name what nobody served ([`UNSERVED_HEADER`]); a partition that
-/// moves while the answers are gathered can still be missed or counted
-/// twice: the answer is a view, not a statement (`reservoir-replay` makes
-/// those).
+/// answers for its own partitions), and the partitions they answered for
+/// (each peer names its own in [`SERVED_HEADER`]). A local answer that is
+/// not a success is the answer; a peer that does not answer with one makes
+/// it a 503. The callers name every other partition as unserved
+/// ([`UNSERVED_HEADER`]), so a partition that changed owner while gossip
+/// did not know yet is named, not silently missed. One that moves while
+/// the answers are gathered can still be counted twice: the answer is a
+/// view, not a statement (`reservoir-replay` makes those).
 async fn gather(
     node: &Node,
     parts: axum::http::request::Parts,
     bytes: Bytes,
     hops: u32,
     what: &str,
-) -> Result<Vec<Bytes>, Response> {
-    let routers: Vec<axum::Router> = {
+) -> Result<(Vec<Bytes>, BTreeSet<u32>), Response> {
+    let routers: Vec<(u32, axum::Router)> = {
         let slots = node.slots.read().expect("slots");
         slots
-            .values()
-            .filter_map(|slot| match &slot.state {
-                super::SlotState::Serving(owned) => Some(owned.router.clone()),
+            .iter()
+            .filter_map(|(p, slot)| match &slot.state {
+                super::SlotState::Serving(owned) => Some((*p, owned.router.clone())),
                 _ => None,
             })
             .collect()
     };
     let mut answers = Vec::new();
-    for router in routers {
+    let mut served = BTreeSet::new();
+    for (p, router) in routers {
         let request = rebuild(parts.clone(), bytes.clone());
         let response = call(&router, request).await;
         if !response.status().is_success() {
             return Err(response);
         }
+        served.insert(p);
         answers.push(
             axum::body::to_bytes(response.into_body(), usize::MAX)
                 .await
@@ -796,7 +816,10 @@ async fn gather(
                 .send()
                 .await;
             let body = match answer {
-                Ok(r) if r.status().is_success() => r.bytes().await.ok(),
+                Ok(r) if r.status().is_success() => {
+                    served.extend(served_by(r.headers()));
+                    r.bytes().await.ok()
+                }
                 _ => None,
             };
             match body {
@@ -810,7 +833,21 @@ async fn gather(
             }
         }
     }
-    Ok(answers)
+    Ok((answers, served))
+}
+
+/// The partitions a peer's part of a gathered list answered for (none from
+/// a peer that does not say).
+fn served_by(headers: &reqwest::header::HeaderMap) -> Vec<u32> {
+    headers
+        .get(SERVED_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|list| {
+            list.split(',')
+                .filter_map(|p| p.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

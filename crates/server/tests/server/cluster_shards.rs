@@ -146,6 +146,19 @@ async fn shards_are_issued_by_the_owner_and_reconciled_after_a_take_over() {
         "unserved {named:?}, s2 served {s2:?}"
     );
     wait_served(&http, &bases[0], &["s1"], true, Duration::from_secs(60)).await;
+    // Served again: the list says which partitions answered, all of them.
+    let r = http
+        .get(format!("{}/v1/partitions", bases[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let all: Vec<String> = (0..PARTITIONS).map(|p| p.to_string()).collect();
+    assert_eq!(
+        r.headers()["x-reservoir-served-partitions"],
+        all.join(",").as_str()
+    );
+    assert!(!r.headers().contains_key("x-reservoir-unserved-partitions"));
     let reconcile = json!({"shard": chat, "gateway_id": "gw-1", "gateway_boot_epoch": 7,
     "receipts": [
         {"reservation_id": "local-1", "state": "SETTLED", "used_units": 40},
