@@ -254,6 +254,10 @@ pub struct RollbackBody {
     /// The generation the rollback creates (above every one so far); by
     /// default the active one + 1. Naming it makes a retried rollback
     /// idempotent: once that generation runs, the same call answers 200.
+    /// Without it, a call while the active generation already runs the
+    /// policy of the one below the one it replaced (a rollback's result)
+    /// is taken for that rollback asked again and answers 200: to roll
+    /// back a rollback, name the generation.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 9_007_199_254_740_992_u64)]
     pub generation: Option<u64>,

@@ -457,6 +457,13 @@ impl Shard {
             })
             .max_by_key(|(k, _)| (k.policy_generation, k.accounting_epoch.clone()))
             .and_then(|(_, ps)| ps.partition.policy.clone());
+        if generation.is_none() && self.rolled_back_into(&active) {
+            // The same rollback asked again (its answer lost): the active
+            // generation already runs the policy below the one it replaced.
+            // Rolling back once more would bring that one back; naming
+            // `generation` does so on purpose.
+            return self.publish_repeat(active);
+        }
         let next = active.policy_generation.saturating_add(1);
         if generation.is_none() && next > reservoir_core::policy::MAX_GENERATION {
             // The active policy holds the highest generation there may be
@@ -493,6 +500,34 @@ impl Shard {
         }
         policy.generation = generation;
         self.publish(batch, key, policy)
+    }
+
+    /// Whether `active` runs the policy of the generation two below it (as
+    /// a rollback from the generation between makes it), generation
+    /// numbers aside.
+    fn rolled_back_into(&self, active: &PartitionKey) -> bool {
+        let below = |g: u64| {
+            self.state
+                .partitions
+                .iter()
+                .filter(|(k, _)| {
+                    k.subject == active.subject
+                        && k.route == active.route
+                        && k.policy_generation < g
+                })
+                .max_by_key(|(k, _)| (k.policy_generation, k.accounting_epoch.clone()))
+                .and_then(|(k, ps)| Some((k.policy_generation, ps.partition.policy.as_ref()?)))
+        };
+        let unnumbered = |p: &reservoir_core::Policy| reservoir_core::Policy {
+            generation: 0,
+            ..p.clone()
+        };
+        let (Some((replaced, _)), Some(running)) =
+            (below(active.policy_generation), self.policy_of(active))
+        else {
+            return false;
+        };
+        below(replaced).is_some_and(|(_, restored)| unnumbered(restored) == unnumbered(running))
     }
 
     fn publish_repeat(&self, key: PartitionKey) -> Pending {

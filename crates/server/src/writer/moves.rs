@@ -163,7 +163,7 @@ impl Shard {
             })
     }
 
-    fn policy_of(&self, key: &PartitionKey) -> Option<&Policy> {
+    pub(super) fn policy_of(&self, key: &PartitionKey) -> Option<&Policy> {
         self.state.partitions.get(key)?.partition.policy.as_ref()
     }
 

@@ -207,6 +207,11 @@ async fn rollback_with_reservations_in_flight_on_both_generations() {
         .post("/v1/policies/t/r/rollback", json!({"generation": 3}))
         .await;
     assert_eq!(status, StatusCode::OK);
+    // Retried without a generation (as a client does whose first answer
+    // was a 503): the same rollback, not a second one bringing g2 back.
+    let (status, body) = s.post("/v1/policies/t/r/rollback", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["partition_key"]["policy_generation"], 3, "{body}");
     let (_, active) = s.get("/v1/policies/t/r").await;
     assert_eq!(active["policy"]["generation"], 3);
     assert_eq!(
