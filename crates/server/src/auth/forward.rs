@@ -58,6 +58,13 @@ impl NodeCredential {
     }
 }
 
+/// Bytes of `principal` in [`PRINCIPAL_HEADER`]: a token whose principal
+/// is longer than [`MAX_PRINCIPAL_HEADER_BYTES`] could not be forwarded,
+/// so the tokens file refuses it (see `tokens::TokenSet::parse`).
+pub fn encoded_len(principal: &Principal) -> usize {
+    serde_json::to_vec(principal).map_or(usize::MAX, |json| json.len() * 2)
+}
+
 pub fn encode(principal: &Principal) -> Option<HeaderValue> {
     let json = serde_json::to_vec(principal).ok()?;
     HeaderValue::from_str(&hex::encode(json)).ok()

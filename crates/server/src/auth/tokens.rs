@@ -120,6 +120,15 @@ impl TokenSet {
                     prefixes: entry.subject_prefixes,
                 },
             };
+            // The same token works through any node of a cluster only if
+            // its principal fits the header it is forwarded in.
+            let forwarded = super::forward::encoded_len(&principal);
+            if forwarded > super::forward::MAX_PRINCIPAL_HEADER_BYTES {
+                return Err(at(format!(
+                    "its subjects take {forwarded} bytes as forwarded between cluster nodes, more than {}: name fewer (one subject prefix covers many)",
+                    super::forward::MAX_PRINCIPAL_HEADER_BYTES
+                )));
+            }
             let bucket = set.buckets.entry(bucket_of(&digest)).or_default();
             if bucket.iter().any(|(stored, _)| *stored == digest) {
                 return Err(at("the same token hash appears twice".into()));

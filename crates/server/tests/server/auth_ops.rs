@@ -336,4 +336,26 @@ fn token_create_prints_the_token_once_and_stores_its_hash() {
         "{out:?}"
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+    // So is a principal too long to forward between cluster nodes (it
+    // would work only on the node that owns the caller's partition).
+    let mut many = vec!["--principal", "wide", "--scope", "gateway"];
+    let subjects: Vec<String> = (0..400)
+        .map(|i| format!("tenant-with-a-long-name-{i}"))
+        .collect();
+    for s in &subjects {
+        many.extend(["--subject", s.as_str()]);
+    }
+    let out = create(&many);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("forwarded between cluster nodes"),
+        "{out:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+    // A hundred fit.
+    let mut some = vec!["--principal", "wide", "--scope", "gateway"];
+    for s in &subjects[..100] {
+        some.extend(["--subject", s.as_str()]);
+    }
+    assert!(create(&some).status.success());
 }
