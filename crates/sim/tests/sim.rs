@@ -184,7 +184,10 @@ fn appends_the_log_keeps_a_prefix_of_are_finished_after_the_rebuild() {
     let summary = run_clean(TORN_APPENDS_INTERLEAVINGS, &config);
     let torn = summary.coverage.get(TORN_APPEND).copied().unwrap_or(0);
     println!("{torn} torn appends in {TORN_APPENDS_INTERLEAVINGS} interleavings");
-    assert!(torn >= TORN_APPENDS_INTERLEAVINGS / 4, "{torn} torn appends");
+    assert!(
+        torn >= TORN_APPENDS_INTERLEAVINGS / 4,
+        "{torn} torn appends"
+    );
 }
 
 /// The gates that must see a plant (the first check after it can see it
