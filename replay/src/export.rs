@@ -102,6 +102,8 @@ impl<'w> Exporter<'w> {
                     "at_ms": e.at_ms,
                     "type": e.body.type_name(),
                     "body": e.body,
+                    // The amounts of every dimension after the first.
+                    "further": e.further,
                 });
                 serde_json::to_writer(&mut *out, &line).map_err(|e| e.to_string())?;
                 out.write_all(b"\n").map_err(|e| e.to_string())?;

@@ -311,6 +311,12 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
         out.flush()?;
         return Ok(true);
     }
+    match &cli.command {
+        Command::Audit { from, to, .. } | Command::Export { from, to, .. } => {
+            check_range(from.as_ref(), to.as_ref())?
+        }
+        _ => {}
+    }
     // verify: the projection database opens (RocksDB replays its WAL) while
     // the log does (likewise).
     let projections_opening = match &cli.command {
@@ -547,6 +553,35 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             }
             Ok(engine.findings.is_empty())
         }
+    }
+}
+
+/// Refuses a `--from` after `--to` (same log partition, or both times): it
+/// would print an empty statement as if nothing had happened.
+fn check_range(from: Option<&Point>, to: Option<&Point>) -> Result<(), Stop> {
+    let inverted = match (from, to) {
+        (Some(Point::TimeMs(from)), Some(Point::TimeMs(to))) => from > to,
+        (Some(Point::Positions(from)), Some(Point::Positions(to))) => from
+            .iter()
+            .any(|(lp, offset)| to.get(lp).is_some_and(|end| offset > end)),
+        _ => false,
+    };
+    let shown = |p: Option<&Point>| match p {
+        Some(Point::TimeMs(t)) => format!("{t}ms"),
+        Some(Point::Positions(map)) => map
+            .iter()
+            .map(|(lp, offset)| format!("{lp}:{offset}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => String::new(),
+    };
+    match inverted {
+        true => Err(Stop::Error(format!(
+            "--from {} is after --to {}: nothing is between them",
+            shown(from),
+            shown(to)
+        ))),
+        false => Ok(()),
     }
 }
 

@@ -209,6 +209,26 @@ async fn a_statement_cut_in_one_dimension() {
     // refill repaid in the milliseconds since); the others owe nothing.
     assert!(live["dimensions"][1]["debt_units"].as_u64().unwrap() > 0);
     assert_eq!(live["dimensions"][0]["debt_units"], 0);
+    // The export keeps every dimension's amounts, as the Avro one does.
+    let out = replay(&["--log-dir", log, "export", "--format", "jsonl"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let settled: Vec<Value> = json_lines(&out)
+        .into_iter()
+        .filter(|e| e["type"] == "Settled")
+        .collect();
+    assert!(!settled.is_empty());
+    for e in &settled {
+        assert_eq!(e["further"].as_array().map(Vec::len), Some(2), "{e}");
+    }
+    // A range that ends before it starts is refused, not an empty statement.
+    let backwards = audit(log, "dims", "jsonl", &["--from", "20", "--to", "10"]);
+    assert_eq!(
+        backwards.status.code(),
+        Some(2),
+        "{}",
+        text(&backwards.stderr)
+    );
+    assert!(text(&backwards.stderr).contains("is after --to"));
     let bad = audit(log, "dims", "jsonl", &["--dimension", "cached_tokens"]);
     assert!(!bad.status.success());
     assert!(
