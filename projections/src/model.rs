@@ -350,4 +350,9 @@ pub struct MoveSide {
     pub counterpart: PartitionKey,
     pub units: Units,
     pub debt_units: Units,
+    /// What it carried in each dimension (`moved_by_dimension`); empty in
+    /// a half stored before it was kept, which pairs by `units` and
+    /// `debt_units` alone.
+    #[serde(default)]
+    pub amounts: Vec<(reservoir_core::Dimension, Units, Units)>,
 }

@@ -298,7 +298,9 @@ impl<'f> Engine<'f> {
                     if let EventBody::PartitionOpened { .. } = event.body {
                         state.opened_at_ms = event.at_ms;
                     }
-                    self.moves.note(position, &record.key, index as u32, event);
+                    let policy = state.partition.policy.as_ref();
+                    self.moves
+                        .note(position, &record.key, policy, index as u32, event);
                     visit.event(Applied {
                         position,
                         key: &record.key,

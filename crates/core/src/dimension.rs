@@ -201,6 +201,31 @@ pub const MAX_DIMENSIONS: usize = Dimension::ALL.len();
 /// Most further dimensions a policy may name (besides its primary one).
 pub const MAX_FURTHER_DIMENSIONS: usize = MAX_DIMENSIONS - 1;
 
+/// What one half of a capacity move carried, by dimension: the event's own
+/// amounts under the policy's primary dimension, each further `Moved`
+/// under its dimension, zero amounts left out, sorted. Two halves pair when
+/// these are equal: the writer matches dimensions by name, so a move
+/// between policies that order their dimensions differently (a new primary)
+/// carries the same amounts under other indexes.
+pub fn moved_by_dimension(
+    policy: &Policy,
+    units: Units,
+    debt_units: Units,
+    further: &[DimensionAmounts],
+) -> Vec<(Dimension, Units, Units)> {
+    let mut amounts: Vec<(Dimension, Units, Units)> = std::iter::once((units, debt_units))
+        .chain(further.iter().map(|a| match *a {
+            DimensionAmounts::Moved { units, debt_units } => (units, debt_units),
+            _ => (0, 0),
+        }))
+        .enumerate()
+        .filter(|&(i, (units, debt))| i < policy.dimension_count() && (units, debt) != (0, 0))
+        .map(|(i, (units, debt))| (policy.limit(i).dimension, units, debt))
+        .collect();
+    amounts.sort();
+    amounts
+}
+
 impl Policy {
     /// How many dimensions the policy limits (1 + further).
     pub fn dimension_count(&self) -> usize {

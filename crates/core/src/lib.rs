@@ -68,7 +68,9 @@ pub mod usage;
 pub use cold::{check_cold_reservation, default_estimator, ColdCheck, ColdRouteNeverWarms};
 pub use command::Command;
 pub use decide::{decide, decide_retired, refusal_event};
-pub use dimension::{Dimension, DimensionAmounts, DimensionHold, DimensionLimit, DimensionState};
+pub use dimension::{
+    moved_by_dimension, Dimension, DimensionAmounts, DimensionHold, DimensionLimit, DimensionState,
+};
 pub use epoch::{Epoch, EpochLength};
 pub use event::{Event, EventBody, RefusalReason};
 pub use ledger::{check_moves, ConservationError, Ledger, MoveHalf, ShardLedger, Side, Term};

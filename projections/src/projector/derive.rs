@@ -61,7 +61,8 @@ pub(super) fn apply_record(
             return Ok(());
         }
         derive(db, work, proj, position, key, event)?;
-        moves::check_move_half(db, work, position, index as u32, key, event)?;
+        let policy = proj.partition.policy.as_ref();
+        moves::check_move_half(db, work, position, index as u32, key, policy, event)?;
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use crate::ProjectionError;
 
 /// Checks a `MovedOut`/`MovedIn` against its other half once both are
 /// projected: the same move id, each naming the other's partition, the same
-/// units and debt. A mismatch is a finding (the tamper replay `verify` and
+/// units and debt in every dimension (by name: `moved_by_dimension`). A mismatch is a finding (the tamper replay `verify` and
 /// `audit` locate too); an unpaired half can only be told at the end of the
 /// log, which is replay's to say.
 pub(super) fn check_move_half(
@@ -22,6 +22,7 @@ pub(super) fn check_move_half(
     position: Position,
     index: u32,
     key: &PartitionKey,
+    policy: Option<&reservoir_core::Policy>,
     event: &Event,
 ) -> Result<(), ProjectionError> {
     let (move_id, side, other, mine) = match &event.body {
@@ -39,11 +40,15 @@ pub(super) fn check_move_half(
         } => (move_id, "in", "out", (from, *units, *debt_units)),
         _ => return Ok(()),
     };
+    let amounts = policy.map_or_else(Vec::new, |p| {
+        reservoir_core::moved_by_dimension(p, mine.1, mine.2, &event.further)
+    });
     let mine = MoveSide {
         key: key.clone(),
         counterpart: mine.0.clone(),
         units: mine.1,
         debt_units: mine.2,
+        amounts,
     };
     let other_key = format!("{move_id}|{other}");
     let pending = work.puts.get(&(store::MOVES, other_key.clone())).cloned();
@@ -52,9 +57,11 @@ pub(super) fn check_move_half(
         None => get(db, store::MOVES, &other_key)?,
     };
     if let Some(c) = counterpart {
-        let paired = c.key == mine.counterpart
-            && c.counterpart == mine.key
-            && (c.units, c.debt_units) == (mine.units, mine.debt_units);
+        let same_amounts = match c.amounts.is_empty() || mine.amounts.is_empty() {
+            true => (c.units, c.debt_units) == (mine.units, mine.debt_units),
+            false => c.amounts == mine.amounts,
+        };
+        let paired = c.key == mine.counterpart && c.counterpart == mine.key && same_amounts;
         if !paired {
             let finding = Finding {
                 key: key.clone(),
