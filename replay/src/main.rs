@@ -112,7 +112,9 @@ enum Command {
         /// First row printed (inclusive); the history before it is still replayed.
         #[arg(long)]
         from: Option<Point>,
-        /// Last row printed (inclusive); replay stops there.
+        /// Last row printed (inclusive); replay stops there. Statements
+        /// that meet overlap by the events at the shared point: end one
+        /// 1 ms (or one offset) before the next one's --from.
         #[arg(long)]
         to: Option<Point>,
         #[arg(long, value_enum, default_value = "table")]
