@@ -48,7 +48,9 @@ pub struct Finding {
     pub partition: Option<String>,
     pub event_index: Option<u32>,
     pub sequence: Option<u64>,
-    /// `undecodable`, `sequence_gap` or `refused`.
+    /// `undecodable`, `sequence_gap`, `refused`, `move_unpaired`,
+    /// `move_mismatch`, `shard_remint_unbacked`, `shard_remint_mismatch` or
+    /// `shard_reminted_twice`.
     pub kind: &'static str,
     pub detail: String,
 }
@@ -153,6 +155,8 @@ pub struct Engine<'f> {
     pub stats: Stats,
     /// Every move half applied, checked pairwise once the log is read.
     pub moves: crate::moves::Moves,
+    /// Emergency shards across partitions (checked at the end).
+    pub shards: crate::shards::Shards,
     validity: Vec<Validity>,
 }
 
@@ -166,6 +170,7 @@ impl<'f> Engine<'f> {
             findings: Vec::new(),
             stats: Stats::default(),
             moves: crate::moves::Moves::default(),
+            shards: crate::shards::Shards::default(),
             validity: vec![Validity::default(); log_partitions as usize],
         }
     }
@@ -301,6 +306,7 @@ impl<'f> Engine<'f> {
                     let policy = state.partition.policy.as_ref();
                     self.moves
                         .note(position, &record.key, policy, index as u32, event);
+                    self.shards.note(position, &record.key, index as u32, event);
                     visit.event(Applied {
                         position,
                         key: &record.key,
@@ -348,8 +354,12 @@ pub async fn run(
             })
             .await?;
     }
-    // Moves pair across partitions: checked once every half could be seen.
+    // Moves pair, and shards are reminted once, across partitions: checked
+    // once every event could be seen.
     for finding in engine.moves.findings() {
+        engine.report(finding)?;
+    }
+    for finding in engine.shards.findings() {
         engine.report(finding)?;
     }
     Ok(())

@@ -31,6 +31,7 @@ pub mod export;
 pub mod html;
 pub mod moves;
 pub mod progress;
+pub mod shards;
 pub mod source;
 pub mod state;
 mod summary;

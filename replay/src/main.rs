@@ -52,7 +52,9 @@ fn tune_allocator() {
 
 const AFTER_HELP: &str = "\
 Bad input. A record that does not decode, a gap in a partition's sequence
-numbers, or an event the core refuses (broken conservation, amounts that do not
+numbers, a capacity move whose halves do not pair in every dimension, a shard
+reminted twice or from a partition that did not issue it, or an event the core
+refuses (broken conservation, amounts that do not
 add up, an illegal transition) is a finding, reported with its log position
 (log partition and offset) and ledger partition. With --strict the run stops at
 the first finding (exit 3). Without it, every finding is reported and the run
