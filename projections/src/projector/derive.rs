@@ -164,9 +164,13 @@ fn derive(
                         .observe(actual, hold.reserved_units);
                 }
             }
-            let (model, sample) = output_sample(*actual_units, usage.as_ref());
-            let digest_key = store::digest_key(&key.route, model, position.log_partition);
-            work.models.digest(db, digest_key)?.observe(sample);
+            let policy = proj.partition.policy.as_ref();
+            if let Some((model, sample)) =
+                output_sample(policy, record, *actual_units, usage.as_ref())
+            {
+                let digest_key = store::digest_key(&key.route, model, position.log_partition);
+                work.models.digest(db, digest_key)?.observe(sample);
+            }
         }
         _ => {}
     }
@@ -188,17 +192,39 @@ fn derive(
 
 /// The output-token sample a settlement feeds, and the model digest it goes
 /// to: the provider-reported output tokens under the reported model (or
-/// [`store::DEFAULT_MODEL`] when the settle named none); a settle that reports
-/// no output tokens falls back to the whole `actual_units` under the default
-/// model, as every settle did before usage was recorded.
-fn output_sample(actual_units: u64, usage: Option<&Usage>) -> (&str, u64) {
-    match usage {
-        Some(Usage {
-            output_tokens: Some(output),
-            model,
-            ..
-        }) => (model.as_deref().unwrap_or(store::DEFAULT_MODEL), *output),
-        _ => (store::DEFAULT_MODEL, actual_units),
+/// [`store::DEFAULT_MODEL`] when the settle named none). A settle that
+/// reports no output tokens falls back, under the default model, to what its
+/// output-token dimension used where the policy limits one, else to the
+/// whole `actual_units` where the primary dimension counts tokens (as every
+/// settle did before usage was recorded), else to nothing: under a policy
+/// counting requests, `actual_units` is a number of requests, and a route's
+/// output estimate fed with 1s would size every reserve at one token.
+fn output_sample<'a>(
+    policy: Option<&reservoir_core::Policy>,
+    record: &reservoir_core::Reservation,
+    actual_units: u64,
+    usage: Option<&'a Usage>,
+) -> Option<(&'a str, u64)> {
+    if let Some(Usage {
+        output_tokens: Some(output),
+        model,
+        ..
+    }) = usage
+    {
+        return Some((model.as_deref().unwrap_or(store::DEFAULT_MODEL), *output));
+    }
+    let Some(policy) = policy else {
+        return Some((store::DEFAULT_MODEL, actual_units));
+    };
+    let output_dimension = policy
+        .dimensions
+        .iter()
+        .zip(&record.further)
+        .find(|(limit, _)| limit.dimension == reservoir_core::Dimension::OutputTokens);
+    match (output_dimension, policy.capacity_unit) {
+        (Some((_, hold)), _) => hold.actual_units.map(|used| (store::DEFAULT_MODEL, used)),
+        (None, reservoir_core::CapacityUnit::Tokens) => Some((store::DEFAULT_MODEL, actual_units)),
+        (None, _) => None,
     }
 }
 

@@ -121,6 +121,14 @@ async fn balances_rollups_efficiency_and_refusals_per_dimension() {
         Some(1_000)
     );
 
+    // The output estimate learns the output tokens the settles used (they
+    // report no usage): not their primary amount, one request each.
+    let estimate = projections
+        .route_estimate("chat", Some(store::DEFAULT_MODEL), 1)
+        .unwrap();
+    assert_eq!(estimate.samples, 3, "{estimate:?}");
+    assert!(estimate.p50_units >= Some(1_000), "{estimate:?}");
+
     let refusals = projections.refusals("t2").unwrap();
     assert_eq!(refusals.len(), 1);
     assert_eq!(refusals[0].dimension, Some(Dimension::OutputTokens));
