@@ -350,6 +350,10 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             let mut engine = Engine::new(source.log_partitions(), cli.strict, limit.until_ms);
             engine.filter = Box::new(audit::filter(tenant.clone(), route.clone()));
             let mut out = output(path.as_ref())?;
+            let named = match &route {
+                Some(route) => format!("tenant {tenant} on route {route}"),
+                None => format!("tenant {tenant}"),
+            };
             let scope = Scope {
                 tenant,
                 route,
@@ -369,6 +373,11 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             statement.finish(&engine.findings);
             if let Some(e) = statement.error.take() {
                 return Err(e.into());
+            }
+            if statement.summary.partitions.is_empty() {
+                // An empty statement is right for an idle tenant and wrong
+                // for a misspelt one: say which it may be.
+                eprintln!("no events of {named} in the log (up to --to): the statement is empty; check the name");
             }
             drop(statement);
             out.finish()?;

@@ -220,6 +220,14 @@ async fn a_statement_cut_in_one_dimension() {
     for e in &settled {
         assert_eq!(e["further"].as_array().map(Vec::len), Some(2), "{e}");
     }
+    // A tenant the log never names: an empty statement, and a word saying so.
+    let nobody = audit(log, "dimz", "jsonl", &[]);
+    assert!(nobody.status.success(), "{}", text(&nobody.stderr));
+    assert!(
+        text(&nobody.stderr).contains("no events of tenant dimz"),
+        "{}",
+        text(&nobody.stderr)
+    );
     // A range that ends before it starts is refused, not an empty statement.
     let backwards = audit(log, "dims", "jsonl", &["--from", "20", "--to", "10"]);
     assert_eq!(
