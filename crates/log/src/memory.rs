@@ -269,29 +269,10 @@ impl MemoryLog {
                 .take()
                 .map(|per_mille| (len as u64 * per_mille / 1000).clamp(1, len as u64 - 1)),
         };
-        if let Some(kept) = torn {
-            stored
-                .entries
-                .extend(batch.into_iter().take(kept as usize).map(LogEntry::Record));
-            if let Some(epoch) = superseded {
-                stored.told_fenced.insert(epoch);
-            }
-            drop(stored);
-            self.appended.notify_waiters();
-            if superseded.is_some() {
-                return Err(fenced(&writer_id));
-            }
-            *refusing = Some(LogError::InDoubt {
-                log_partition: 0,
-                reason: "an earlier append is in doubt".into(),
-            });
-            return Err(LogError::InDoubt {
-                log_partition: 0,
-                reason: format!("injected: {kept} records written, the rest lost"),
-            });
-        }
-        let positions = batch
+        let kept = torn.map_or(batch.len(), |kept| kept as usize);
+        let positions: Vec<Position> = batch
             .into_iter()
+            .take(kept)
             .map(|record| {
                 stored.entries.push(LogEntry::Record(record));
                 Position {
@@ -307,6 +288,16 @@ impl MemoryLog {
         self.appended.notify_waiters();
         if superseded.is_some() {
             return Err(fenced(&writer_id));
+        }
+        if torn.is_some() {
+            *refusing = Some(LogError::InDoubt {
+                log_partition: 0,
+                reason: "an earlier append is in doubt".into(),
+            });
+            return Err(LogError::InDoubt {
+                log_partition: 0,
+                reason: format!("injected: {kept} records written, the rest lost"),
+            });
         }
         let in_doubt = self.in_doubt_next.swap(false, Ordering::SeqCst);
         if in_doubt {

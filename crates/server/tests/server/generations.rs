@@ -275,12 +275,7 @@ async fn sigkill_between_the_halves_of_a_move_is_completed_by_recovery() {
     let paused = FAILPOINT_PAUSES.load(Ordering::SeqCst);
     let g2 = json!({"accounting_epoch": "e", "policy": policy("t", "r", 2, 1_000, 0)});
     let publish = tokio::spawn(post(server.base.clone(), "/v1/policies", g2));
-    eventually(Duration::from_secs(30), || async {
-        (FAILPOINT_PAUSES.load(Ordering::SeqCst) > paused).then_some(())
-    })
-    .await;
-    server.child.kill().expect("SIGKILL");
-    server.child.wait().expect("reaped");
+    killed_at_the_failpoint(&mut server, paused).await;
     publish.abort();
 
     let mut server = spawn_server_env(dir.path(), &[], &[]).await;
@@ -297,6 +292,17 @@ async fn sigkill_between_the_halves_of_a_move_is_completed_by_recovery() {
     assert_eq!(capacity(&again, "t", "r"), capacity(&before, "t", "r"));
     assert_eq!(sum(&again, "t", "r", "moves_in"), 1);
     assert_moves_pair(&again, "t", "r");
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+}
+
+/// Waits until `server` stops at its failpoint (it had stopped `paused`
+/// times before), then SIGKILLs it.
+async fn killed_at_the_failpoint(server: &mut crate::crash::ServerProcess, paused: usize) {
+    eventually(Duration::from_secs(30), || async {
+        (FAILPOINT_PAUSES.load(Ordering::SeqCst) > paused).then_some(())
+    })
+    .await;
     server.child.kill().expect("SIGKILL");
     server.child.wait().expect("reaped");
 }
@@ -359,12 +365,7 @@ async fn a_publish_cut_after_its_opening_is_finished_by_recovery() {
             client.post(url).json(&g2).send().await.ok()
         })
     };
-    eventually(Duration::from_secs(30), || async {
-        (FAILPOINT_PAUSES.load(Ordering::SeqCst) > paused).then_some(())
-    })
-    .await;
-    server.child.kill().expect("SIGKILL");
-    server.child.wait().expect("reaped");
+    killed_at_the_failpoint(&mut server, paused).await;
     publish.abort();
 
     let mut server = spawn_server_env(dir.path(), &[], &[]).await;
