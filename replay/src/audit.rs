@@ -13,7 +13,7 @@
 //! `--format html` draws the same rows and summary as one self-contained page
 //! ([`crate::html`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 
 use reservoir_core::{Ledger, PartitionKey, Term};
@@ -110,6 +110,9 @@ pub struct Statement<'w> {
     /// `--format html`: the rows, kept for the page drawn at the end.
     html: crate::html::Collected,
     pub html_rows_max: usize,
+    /// Without `--dimension`: the primary dimension of every partition
+    /// counted. More than one, and the totals would add unlike units.
+    pub primaries: BTreeSet<reservoir_core::Dimension>,
 }
 
 impl<'w> Statement<'w> {
@@ -122,6 +125,7 @@ impl<'w> Statement<'w> {
             error: None,
             html: crate::html::Collected::default(),
             html_rows_max: HTML_ROWS_MAX_DEFAULT,
+            primaries: BTreeSet::new(),
         };
         s.header();
         s
@@ -215,6 +219,9 @@ impl<'w> Statement<'w> {
         let in_range = from.as_ref().is_none_or(|p| p.admits_from(lp, offset, at)) && up_to_end;
         // The dimension this statement is cut in, in this partition.
         let partition = &a.state.partition;
+        if let (None, Some(policy), true) = (self.scope.dimension, &partition.policy, up_to_end) {
+            self.primaries.insert(policy.limit(0).dimension);
+        }
         let index = match (self.scope.dimension, partition.policy.as_ref()) {
             (None, _) => Some(0),
             (Some(d), Some(policy)) => policy.dimension_index(d),

@@ -374,6 +374,15 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             if let Some(e) = statement.error.take() {
                 return Err(e.into());
             }
+            if statement.primaries.len() > 1 {
+                // Refused before the output is complete: no statement whose
+                // totals add requests to tokens is left behind.
+                let kinds: Vec<&str> = statement.primaries.iter().map(|d| d.name()).collect();
+                return Err(Stop::Error(format!(
+                    "the partitions of {named} count in {} (their primary dimensions): a statement adds one kind of unit; cut it with --dimension, once for each",
+                    kinds.join(" and ")
+                )));
+            }
             if statement.summary.partitions.is_empty() {
                 // An empty statement is right for an idle tenant and wrong
                 // for a misspelt one: say which it may be.

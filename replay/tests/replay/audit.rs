@@ -246,6 +246,41 @@ async fn a_statement_cut_in_one_dimension() {
     );
 }
 
+/// A tenant whose generations count in different primary dimensions
+/// (requests, then tokens): a statement without `--dimension` would add
+/// one to the other, so it is refused, and one cut in either is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_over_unlike_primaries_needs_a_dimension() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &[]).await;
+    let first = reservoir_core::Policy::example_three_dimensions("mix", "chat", 1);
+    let second = reservoir_core::Policy::example("mix", "chat", 2);
+    assert_ne!(first.capacity_unit, second.capacity_unit);
+    for policy in [first, second] {
+        let (status, body) = server
+            .post(
+                "/v1/policies",
+                serde_json::json!({"accounting_epoch": "2026-12", "policy": policy}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    server.stop();
+    let log_dir = dir.path().join("log");
+    let log = log_dir.to_str().unwrap();
+    let mixed = audit(log, "mix", "jsonl", &[]);
+    assert_eq!(mixed.status.code(), Some(2), "{}", text(&mixed.stderr));
+    assert!(
+        text(&mixed.stderr).contains("requests and tokens"),
+        "{}",
+        text(&mixed.stderr)
+    );
+    for dimension in ["requests", "tokens"] {
+        let cut = audit(log, "mix", "jsonl", &["--dimension", dimension]);
+        assert!(cut.status.success(), "{dimension}: {}", text(&cut.stderr));
+    }
+}
+
 /// A generation switch with a reservation in flight, in the statement: the
 /// move out and in, then the drain of the closed generation when the
 /// reservation's refund moves on, each a row, with the dimension column.
