@@ -56,11 +56,15 @@ impl KafkaLog {
     /// history is not (their capacity granted again, their debt left
     /// behind). So the first records of every partition must be placed
     /// where they are. For writers (a node before it claims anything);
-    /// readers place nothing.
+    /// readers place nothing. Each partition's reader is rested after its
+    /// read, as after a claim: a node reads most partitions only if it
+    /// takes them over.
     pub async fn check_placement(&self) -> Result<(), LogError> {
         let partitions = self.inner.log_partitions;
         for p in 0..partitions {
-            for (position, entry) in self.read(p, 0, PLACEMENT_SAMPLE).await? {
+            let sample = self.read(p, 0, PLACEMENT_SAMPLE).await;
+            self.inner.rest_reader(p);
+            for (position, entry) in sample? {
                 let LogEntry::Record(record) = entry else {
                     continue;
                 };

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequestParts, RawPathParams, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
@@ -39,8 +39,8 @@ pub fn forbidden(detail: impl Into<String>) -> ApiError {
 }
 
 /// The bearer token of `Authorization`, `Ok(None)` without the header.
-fn bearer(parts: &Parts) -> Result<Option<&str>, &'static str> {
-    let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+pub(crate) fn bearer(headers: &HeaderMap) -> Result<Option<&str>, &'static str> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Ok(None);
     };
     let value = value.to_str().map_err(|_| "Authorization is not ASCII")?;
@@ -57,7 +57,7 @@ fn principal_of(auth: &Auth, parts: &Parts) -> Result<Principal, &'static str> {
     let Some(store) = &auth.store else {
         return Ok(Principal::unrestricted());
     };
-    let token = bearer(parts)?;
+    let token = bearer(&parts.headers)?;
     let forwarded = parts.headers.get(forward::PRINCIPAL_HEADER);
     let Some(token) = token else {
         return match forwarded {

@@ -11,7 +11,7 @@
 //! subject answer the 404 of one that does not exist (the owner's, never
 //! naming who served it).
 
-use axum::http::{header, HeaderMap, Method};
+use axum::http::{HeaderMap, Method};
 
 use super::Node;
 use crate::auth::{self, Scope};
@@ -44,11 +44,8 @@ pub fn from_peer(node: &Node, headers: &HeaderMap) -> bool {
     let Some(credential) = node.auth.node_credential() else {
         return !node.auth.enabled();
     };
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .is_some_and(|(scheme, token)| {
-            scheme.eq_ignore_ascii_case("bearer") && credential.matches(token.trim())
-        })
+    auth::layer::bearer(headers)
+        .ok()
+        .flatten()
+        .is_some_and(|token| credential.matches(token))
 }

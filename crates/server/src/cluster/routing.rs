@@ -297,9 +297,9 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     let path = parts.uri.path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     // The subject the request names, where the front reads it anyway.
-    let mut subject: Option<String> = None;
+    let mut subject: Option<Arc<str>> = None;
     let mut placed = |s: &str, r: &str| {
-        subject = Some(s.to_string());
+        subject = Some(Arc::from(s));
         log_partition_of_route(s, r, partitions)
     };
     let target = match (&parts.method, segments.as_slice()) {
@@ -347,7 +347,7 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
                     route: Some(r),
                 })) => Target::Partition(placed(&s, &r), None),
                 Ok(axum::extract::Query(ShardsOf { subject: s, .. })) => {
-                    subject = Some(s);
+                    subject = Some(Arc::from(s));
                     Target::Shards
                 }
                 Err(_) => Target::Local,
@@ -369,9 +369,12 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
         None if matches!(target, Target::Id(_)) => Target::Local,
         None => target,
     };
-    let hops = match gate::from_peer(&node, &parts.headers) {
-        true => hops(&parts.headers),
-        false => 0,
+    // Believed only from a peer (checking that hashes the bearer token, so
+    // only when there is a hop count to believe).
+    let hops = match hops(&parts.headers) {
+        0 => 0,
+        n if gate::from_peer(&node, &parts.headers) => n,
+        _ => 0,
     };
     match target {
         Target::Local => local_any(&node, parts, bytes).await,
@@ -397,7 +400,6 @@ async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
             if let (Some(id), Some(subject), true) =
                 (reserve_id, subject, response.status().is_success())
             {
-                let subject = Arc::from(subject.as_str());
                 node.remember_id(
                     id,
                     Routed {

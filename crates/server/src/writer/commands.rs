@@ -447,16 +447,8 @@ impl Shard {
             return Pending::Ready(Err(Failure::NoPolicy));
         };
         let previous = self
-            .state
-            .partitions
-            .iter()
-            .filter(|(k, _)| {
-                k.subject == subject
-                    && k.route == route
-                    && k.policy_generation < active.policy_generation
-            })
-            .max_by_key(|(k, _)| (k.policy_generation, k.accounting_epoch.clone()))
-            .and_then(|(_, ps)| ps.partition.policy.clone());
+            .latest_below(&active, active.policy_generation)
+            .and_then(|(_, policy)| Some(policy?.clone()));
         if generation.is_none() && self.rolled_back_into(&active) {
             // The same rollback asked again (its answer lost): the active
             // generation already runs the policy below the one it replaced.
@@ -506,28 +498,36 @@ impl Shard {
     /// a rollback from the generation between makes it), generation
     /// numbers aside.
     fn rolled_back_into(&self, active: &PartitionKey) -> bool {
-        let below = |g: u64| {
-            self.state
-                .partitions
-                .iter()
-                .filter(|(k, _)| {
-                    k.subject == active.subject
-                        && k.route == active.route
-                        && k.policy_generation < g
-                })
-                .max_by_key(|(k, _)| (k.policy_generation, k.accounting_epoch.clone()))
-                .and_then(|(k, ps)| Some((k.policy_generation, ps.partition.policy.as_ref()?)))
-        };
         let unnumbered = |p: &reservoir_core::Policy| reservoir_core::Policy {
             generation: 0,
             ..p.clone()
         };
-        let (Some((replaced, _)), Some(running)) =
-            (below(active.policy_generation), self.policy_of(active))
-        else {
+        let (Some((replaced, _)), Some(running)) = (
+            self.latest_below(active, active.policy_generation),
+            self.policy_of(active),
+        ) else {
             return false;
         };
-        below(replaced).is_some_and(|(_, restored)| unnumbered(restored) == unnumbered(running))
+        self.latest_below(active, replaced)
+            .and_then(|(_, restored)| restored)
+            .is_some_and(|restored| unnumbered(restored) == unnumbered(running))
+    }
+
+    /// The generation below `generation` nearest it among `of`'s
+    /// subject/route's partitions, and its policy (its latest epoch's).
+    fn latest_below(
+        &self,
+        of: &PartitionKey,
+        generation: u64,
+    ) -> Option<(u64, Option<&reservoir_core::Policy>)> {
+        self.state
+            .partitions
+            .iter()
+            .filter(|(k, _)| {
+                k.subject == of.subject && k.route == of.route && k.policy_generation < generation
+            })
+            .max_by_key(|(k, _)| (k.policy_generation, k.accounting_epoch.clone()))
+            .map(|(k, ps)| (k.policy_generation, ps.partition.policy.as_ref()))
     }
 
     fn publish_repeat(&self, key: PartitionKey) -> Pending {
