@@ -361,7 +361,7 @@ async fn project(
 /// The projection is the log's: panics on the first disagreement.
 fn check(projections: &Projections, writer: &Writer) {
     let e = &writer.expected;
-    let balances = projections.all_balances().unwrap();
+    let balances = projections.at().all_balances().unwrap();
     assert_eq!(balances.len(), writer.keys.len(), "partitions projected");
     for b in &balances {
         b.ledger.check().unwrap();
@@ -376,24 +376,24 @@ fn check(projections: &Projections, writer: &Writer) {
         stored.partition.check_invariants().unwrap();
         assert_eq!(stored.partition.reservations.len(), live.reservations.len());
     }
-    assert!(projections.findings().unwrap().is_empty(), "findings");
+    assert!(projections.at().findings().unwrap().is_empty(), "findings");
     for tenant in TENANTS {
-        let rollup = projections.tenant_balance(tenant).unwrap().unwrap();
+        let rollup = projections.at().tenant_balance(tenant).unwrap().unwrap();
         rollup.ledger.check().unwrap();
         let parts = balances.iter().filter(|b| b.key.subject == tenant);
         assert_eq!(
             rollup.ledger.spent_units,
             parts.map(|b| b.ledger.spent_units).sum::<u64>()
         );
-        let refusals = projections.refusals(tenant).unwrap().len() as u64;
+        let refusals = projections.at().refusals(tenant).unwrap().len() as u64;
         let expected = e.refusals_by_tenant.get(tenant).copied().unwrap_or(0);
         assert_eq!(refusals, expected, "refusals of {tenant}");
     }
     for route in ROUTES {
-        let rollup = projections.route_balance(route).unwrap().unwrap();
+        let rollup = projections.at().route_balance(route).unwrap().unwrap();
         rollup.ledger.check().unwrap();
         let (settles, actual, reserved) = e.settles_by_route[route];
-        let efficiency = projections.efficiency_by_route(route).unwrap();
+        let efficiency = projections.at().efficiency_by_route(route).unwrap();
         assert_eq!(
             (
                 efficiency.samples,
@@ -403,15 +403,18 @@ fn check(projections: &Projections, writer: &Writer) {
             (settles, actual, reserved),
             "efficiency of {route}"
         );
-        let estimate = projections.route_estimate(route, None, 0).unwrap();
+        let estimate = projections.at().route_estimate(route, None, 0).unwrap();
         assert_eq!(estimate.lifetime_samples, settles, "samples of {route}");
         for model in MODELS.iter().chain(&["default"]) {
-            let estimate = projections.route_estimate(route, Some(model), 0).unwrap();
+            let estimate = projections
+                .at()
+                .route_estimate(route, Some(model), 0)
+                .unwrap();
             let expected = e.samples_by_model[&(route.to_string(), model.to_string())];
             assert_eq!(estimate.lifetime_samples, expected, "{route} {model}");
             assert!(estimate.p50_units.is_some());
         }
-        let drift = projections.input_drift(route).unwrap().unwrap();
+        let drift = projections.at().input_drift(route).unwrap().unwrap();
         assert_eq!(
             (
                 drift.samples,

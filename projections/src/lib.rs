@@ -39,7 +39,7 @@ pub mod store;
 
 pub use diagnosis::{diagnose, Diagnosis, Verdict};
 pub use projector::{Projector, ProjectorConfig, StepOutcome};
-pub use query::{Projections, RouteEstimateView};
+pub use query::{At, Projections, RouteEstimateView};
 pub use store::dump;
 
 /// Infrastructure errors of the read side. `transient()` says whether retrying

@@ -188,14 +188,14 @@ impl<L: EventReader> Projector<L> {
         let mut cursors = Vec::new();
         for lp in 0..log.log_partitions() {
             let cursor: Cursor =
-                get(&db, store::CURSORS, &store::cursor_key(lp))?.unwrap_or_default();
+                get(&*db, store::CURSORS, &store::cursor_key(lp))?.unwrap_or_default();
             cursors.push(LogCursor {
                 next_offset: cursor.next_offset,
                 validity: validity_from(&cursor.claim),
             });
         }
         let (positions, _) = watch::channel(cursors.iter().map(|c| c.next_offset).collect());
-        for (route, value) in scan_prefix(&db, store::ROUTE_BALANCES, "")? {
+        for (route, value) in scan_prefix(&*db, store::ROUTE_BALANCES, "")? {
             let rollup: Rollup = decode(store::ROUTE_BALANCES, &route, &value)?;
             publish_route(&String::from_utf8_lossy(&route), &rollup);
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use reservoir_core::{PartitionKey, ReservationId, RouteEstimate};
 use reservoir_log::Position;
-use rocksdb::DB;
+use rocksdb::{ColumnFamily, DBIteratorWithThreadMode, IteratorMode, Snapshot, DB};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Notify};
 
@@ -18,7 +18,7 @@ use crate::model::{
     Rollup, ShadowRecord,
 };
 use crate::sketch::{merged, RollingDigest};
-use crate::store::{self, decode, first_with_prefix, get, scan_prefix, scan_range};
+use crate::store::{self, decode, first_with_prefix, get, scan_prefix, scan_range, Read};
 use crate::ProjectionError;
 
 /// A route's output-token estimate from the merged digests of every source
@@ -76,9 +76,8 @@ impl Projections {
 
     /// Next offset the projection will consume in `log_partition`.
     pub fn consumed(&self, log_partition: u32) -> Result<u64, ProjectionError> {
-        let cursor: Cursor =
-            get(&self.db, store::CURSORS, &store::cursor_key(log_partition))?.unwrap_or_default();
-        Ok(cursor.next_offset)
+        get(&*self.db, store::CURSORS, &store::cursor_key(log_partition))
+            .map(|cursor: Option<Cursor>| cursor.unwrap_or_default().next_offset)
     }
 
     /// Waits until the projection has consumed the entry at `position` (so an
@@ -118,11 +117,58 @@ impl Projections {
         }
     }
 
+    /// A consistent view of the projection as it is now: every read through
+    /// it answers from the same projector step (a RocksDB snapshot), so a
+    /// roll-up and its partitions, an index entry and its record, or an
+    /// answer and the `projected_to` it names, never come from two steps.
+    pub fn at(&self) -> At<'_> {
+        At::of(&self.db)
+    }
+}
+
+/// The projection at one moment; see [`Projections::at`].
+pub struct At<'a> {
+    db: &'a DB,
+    snapshot: Snapshot<'a>,
+}
+
+impl Read for At<'_> {
+    fn db(&self) -> &DB {
+        self.db
+    }
+    fn get_cf(&self, cf: &ColumnFamily, key: &[u8]) -> Result<Option<Vec<u8>>, rocksdb::Error> {
+        self.snapshot.get_cf(cf, key)
+    }
+    fn iterator_cf<'b>(
+        &'b self,
+        cf: &ColumnFamily,
+        mode: IteratorMode,
+    ) -> DBIteratorWithThreadMode<'b, DB> {
+        self.snapshot.iterator_cf(cf, mode)
+    }
+}
+
+impl<'a> At<'a> {
+    pub fn of(db: &'a DB) -> Self {
+        Self {
+            db,
+            snapshot: db.snapshot(),
+        }
+    }
+
+    /// Next offset the projection had consumed in `log_partition` at this
+    /// moment: what the answers read through this view reflect.
+    pub fn consumed(&self, log_partition: u32) -> Result<u64, ProjectionError> {
+        let cursor: Cursor =
+            get(self, store::CURSORS, &store::cursor_key(log_partition))?.unwrap_or_default();
+        Ok(cursor.next_offset)
+    }
+
     pub fn partition_balance(
         &self,
         key: &PartitionKey,
     ) -> Result<Option<PartitionBalance>, ProjectionError> {
-        get(&self.db, store::BALANCES, &store::partition_key(key))
+        get(self, store::BALANCES, &store::partition_key(key))
     }
 
     /// Balances of every partition of a tenant, in key order.
@@ -130,7 +176,7 @@ impl Projections {
         &self,
         tenant: &str,
     ) -> Result<Vec<PartitionBalance>, ProjectionError> {
-        scan_prefix(&self.db, store::BALANCES, &format!("{tenant}|"))?
+        scan_prefix(self, store::BALANCES, &format!("{tenant}|"))?
             .iter()
             .map(|(k, v)| decode(store::BALANCES, k, v))
             .collect()
@@ -138,18 +184,18 @@ impl Projections {
 
     /// Every partition balance in the projection.
     pub fn all_balances(&self) -> Result<Vec<PartitionBalance>, ProjectionError> {
-        scan_prefix(&self.db, store::BALANCES, "")?
+        scan_prefix(self, store::BALANCES, "")?
             .iter()
             .map(|(k, v)| decode(store::BALANCES, k, v))
             .collect()
     }
 
     pub fn tenant_balance(&self, tenant: &str) -> Result<Option<Rollup>, ProjectionError> {
-        get(&self.db, store::TENANT_BALANCES, tenant)
+        get(self, store::TENANT_BALANCES, tenant)
     }
 
     pub fn route_balance(&self, route: &str) -> Result<Option<Rollup>, ProjectionError> {
-        get(&self.db, store::ROUTE_BALANCES, route)
+        get(self, store::ROUTE_BALANCES, route)
     }
 
     pub fn reservation(
@@ -157,11 +203,7 @@ impl Projections {
         key: &PartitionKey,
         id: &str,
     ) -> Result<Option<ReservationRecord>, ProjectionError> {
-        get(
-            &self.db,
-            store::RESERVATIONS,
-            &store::reservation_key(key, id),
-        )
+        get(self, store::RESERVATIONS, &store::reservation_key(key, id))
     }
 
     /// A reservation's record by id alone, through the [`store::RESERVATION_IDS`]
@@ -175,7 +217,7 @@ impl Projections {
             return Ok(None);
         }
         let prefix = store::reservation_id_prefix(id);
-        let Some((k, v)) = first_with_prefix(&self.db, store::RESERVATION_IDS, &prefix)? else {
+        let Some((k, v)) = first_with_prefix(self, store::RESERVATION_IDS, &prefix)? else {
             return Ok(None);
         };
         let key: PartitionKey = decode(store::RESERVATION_IDS, &k, &v)?;
@@ -193,7 +235,7 @@ impl Projections {
     /// Before when the retention rule has deleted every record of a finished
     /// reservation (`None`: nothing pruned; see `ProjectorConfig::retention`).
     pub fn pruned_before_ms(&self) -> Result<Option<u64>, ProjectionError> {
-        get(&self.db, store::RETENTION, store::PRUNED_BEFORE)
+        get(self, store::RETENTION, store::PRUNED_BEFORE)
     }
 
     /// The digests of `route` for `model`, or of every model of the route.
@@ -207,7 +249,7 @@ impl Projections {
             None => store::route_digest_prefix(route),
         };
         // Key order is (model, log partition) order: the merge order is fixed.
-        scan_prefix(&self.db, store::DIGESTS, &prefix)?
+        scan_prefix(self, store::DIGESTS, &prefix)?
             .into_iter()
             .map(|(k, v)| {
                 RollingDigest::decode(&v).map_err(|reason| ProjectionError::Corrupt {
@@ -267,18 +309,18 @@ impl Projections {
     }
 
     pub fn efficiency_by_route(&self, route: &str) -> Result<EfficiencyHistogram, ProjectionError> {
-        Ok(get(&self.db, store::EFFICIENCY_BY_ROUTE, route)?.unwrap_or_default())
+        Ok(get(self, store::EFFICIENCY_BY_ROUTE, route)?.unwrap_or_default())
     }
 
     pub fn efficiency_by_tenant(
         &self,
         tenant: &str,
     ) -> Result<EfficiencyHistogram, ProjectionError> {
-        Ok(get(&self.db, store::EFFICIENCY_BY_TENANT, tenant)?.unwrap_or_default())
+        Ok(get(self, store::EFFICIENCY_BY_TENANT, tenant)?.unwrap_or_default())
     }
 
     pub fn input_drift(&self, route: &str) -> Result<Option<InputDrift>, ProjectionError> {
-        get(&self.db, store::INPUT_DRIFT, route)
+        get(self, store::INPUT_DRIFT, route)
     }
 
     /// Shadow verdicts of a route (`scope` `route`) or a tenant (`tenant`)
@@ -296,7 +338,7 @@ impl Projections {
             Some(after) => format!("{prefix}{after:020}"),
             None => format!("{prefix}~"),
         };
-        scan_range(&self.db, store::SHADOW, &prefix, &start, Some(&until))?
+        scan_range(self, store::SHADOW, &prefix, &start, Some(&until))?
             .iter()
             .map(|(k, v)| decode(store::SHADOW, k, v))
             .collect()
@@ -304,7 +346,7 @@ impl Projections {
 
     /// A tenant's refusals in time order.
     pub fn refusals(&self, tenant: &str) -> Result<Vec<Refusal>, ProjectionError> {
-        scan_prefix(&self.db, store::REFUSALS, &format!("{tenant}|"))?
+        scan_prefix(self, store::REFUSALS, &format!("{tenant}|"))?
             .iter()
             .map(|(k, v)| decode(store::REFUSALS, k, v))
             .collect()
@@ -312,7 +354,7 @@ impl Projections {
 
     /// Events `try_apply` refused, in log order.
     pub fn findings(&self) -> Result<Vec<Finding>, ProjectionError> {
-        scan_prefix(&self.db, store::FINDINGS, "")?
+        scan_prefix(self, store::FINDINGS, "")?
             .iter()
             .map(|(k, v)| decode(store::FINDINGS, k, v))
             .collect()

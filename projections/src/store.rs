@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use reservoir_core::PartitionKey;
-use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, DB};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, DBIteratorWithThreadMode, IteratorMode, Options, DB,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -353,23 +355,50 @@ pub(crate) fn decode<T: DeserializeOwned>(
     })
 }
 
+/// Where the read helpers read from: the database as it is now, or one
+/// snapshot of it (see [`crate::query::At`]), so that several reads answer
+/// from the same projector step.
+pub trait Read {
+    fn db(&self) -> &DB;
+    fn get_cf(&self, cf: &ColumnFamily, key: &[u8]) -> Result<Option<Vec<u8>>, rocksdb::Error>;
+    fn iterator_cf<'b>(
+        &'b self,
+        cf: &ColumnFamily,
+        mode: IteratorMode,
+    ) -> DBIteratorWithThreadMode<'b, DB>;
+}
+
+impl Read for DB {
+    fn db(&self) -> &DB {
+        self
+    }
+    fn get_cf(&self, cf: &ColumnFamily, key: &[u8]) -> Result<Option<Vec<u8>>, rocksdb::Error> {
+        DB::get_cf(self, cf, key)
+    }
+    fn iterator_cf<'b>(
+        &'b self,
+        cf: &ColumnFamily,
+        mode: IteratorMode,
+    ) -> DBIteratorWithThreadMode<'b, DB> {
+        DB::iterator_cf(self, cf, mode)
+    }
+}
+
 pub(crate) fn get_raw(
-    db: &DB,
+    from: &impl Read,
     cf: &'static str,
     key: &str,
 ) -> Result<Option<Vec<u8>>, ProjectionError> {
-    let handle = db
-        .cf_handle(cf)
-        .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
-    db.get_cf(handle, key.as_bytes()).map_err(store_error)
+    from.get_cf(handle(from.db(), cf)?, key.as_bytes())
+        .map_err(store_error)
 }
 
 pub(crate) fn get<T: DeserializeOwned>(
-    db: &DB,
+    from: &impl Read,
     cf: &'static str,
     key: &str,
 ) -> Result<Option<T>, ProjectionError> {
-    get_raw(db, cf, key)?
+    get_raw(from, cf, key)?
         .map(|bytes| decode(cf, key.as_bytes(), &bytes))
         .transpose()
 }
@@ -382,28 +411,25 @@ pub type DumpEntry = (String, Vec<u8>, Vec<u8>);
 
 /// Every key/value of `cf` whose key starts with `prefix`, in key order.
 pub(crate) fn scan_prefix(
-    db: &DB,
+    from: &impl Read,
     cf: &'static str,
     prefix: &str,
 ) -> Result<Vec<KeyValue>, ProjectionError> {
-    scan_range(db, cf, prefix, prefix, None)
+    scan_range(from, cf, prefix, prefix, None)
 }
 
 /// Every key/value of `cf` whose key starts with `prefix`, from `start` up
 /// to (not including) `until`, in key order.
 pub(crate) fn scan_range(
-    db: &DB,
+    from: &impl Read,
     cf: &'static str,
     prefix: &str,
     start: &str,
     until: Option<&str>,
 ) -> Result<Vec<KeyValue>, ProjectionError> {
-    let handle = db
-        .cf_handle(cf)
-        .ok_or_else(|| store_error(format!("missing column family {cf}")))?;
     let mode = IteratorMode::From(start.as_bytes(), rocksdb::Direction::Forward);
     let mut out = Vec::new();
-    for item in db.iterator_cf(handle, mode) {
+    for item in from.iterator_cf(handle(from.db(), cf)?, mode) {
         let (k, v) = item.map_err(store_error)?;
         let past = until.is_some_and(|u| *k >= *u.as_bytes());
         if !k.starts_with(prefix.as_bytes()) || past {
@@ -416,12 +442,12 @@ pub(crate) fn scan_range(
 
 /// The first key/value of `cf` whose key starts with `prefix`.
 pub(crate) fn first_with_prefix(
-    db: &DB,
+    from: &impl Read,
     cf: &'static str,
     prefix: &str,
 ) -> Result<Option<KeyValue>, ProjectionError> {
     let mode = IteratorMode::From(prefix.as_bytes(), rocksdb::Direction::Forward);
-    match db.iterator_cf(handle(db, cf)?, mode).next() {
+    match from.iterator_cf(handle(from.db(), cf)?, mode).next() {
         Some(Ok((k, v))) if k.starts_with(prefix.as_bytes()) => Ok(Some((k.to_vec(), v.to_vec()))),
         Some(Err(e)) => Err(store_error(e)),
         _ => Ok(None),
@@ -432,9 +458,11 @@ pub(crate) fn first_with_prefix(
 /// [`COLUMN_FAMILIES`] order, keys in byte order. Two projections of the same log
 /// have equal dumps.
 pub fn dump(db: &DB) -> Result<Vec<DumpEntry>, ProjectionError> {
+    // One snapshot: a projector writing meanwhile cannot tear the dump.
+    let at = crate::query::At::of(db);
     let mut out = Vec::new();
     for cf in COLUMN_FAMILIES {
-        for (k, v) in scan_prefix(db, cf, "")? {
+        for (k, v) in scan_prefix(&at, cf, "")? {
             out.push((cf.to_string(), k, v));
         }
     }

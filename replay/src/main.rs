@@ -529,6 +529,7 @@ async fn run(cli: Cli) -> Result<bool, Stop> {
             bar.finish_and_clear();
             let findings = projector
                 .projections()
+                .at()
                 .findings()
                 .map_err(|e| Stop::Error(e.to_string()))?;
             for f in &findings {

@@ -24,7 +24,8 @@ fn open_partition<L: reservoir_log::EventLog>(driver: &mut Driver<L>, key: &Part
 }
 
 fn state(p: &Projections, id: &str) -> Option<(PartitionKey, ReservationState)> {
-    p.reservation_by_id(id)
+    p.at()
+        .reservation_by_id(id)
         .unwrap()
         .map(|r| (r.key, r.reservation.state))
 }
@@ -80,12 +81,12 @@ async fn found_by_id_with_its_latest_state_and_unknown_ids_are_none() {
     driver.submit(&chat, settle, 3).unwrap();
     driver.flush().await;
     projector.catch_up().await.unwrap();
-    let record = p.reservation_by_id("r-chat").unwrap().unwrap();
+    let record = p.at().reservation_by_id("r-chat").unwrap().unwrap();
     assert_eq!(record.reservation.state, ReservationState::Settled);
     assert_eq!(record.reservation.actual_units, Some(60));
     assert_eq!(
         Some(record),
-        p.reservation(&chat, "r-chat").unwrap(),
+        p.at().reservation(&chat, "r-chat").unwrap(),
         "the same record as by partition key"
     );
 }
@@ -136,7 +137,7 @@ async fn a_projection_made_before_the_index_gets_it_on_open() {
             }
         }
         let p = Projections::detached(db.clone());
-        assert_eq!(p.reservation_by_id("r-0").unwrap(), None, "index gone");
+        assert_eq!(p.at().reservation_by_id("r-0").unwrap(), None, "index gone");
         store::flush(&db).unwrap();
         reference
     };
@@ -192,4 +193,59 @@ async fn an_id_in_two_partitions_answers_the_first_in_key_order_however_stepped(
         dumps.push(store::dump(&db).unwrap());
     }
     assert_eq!(dumps[0], dumps[1]);
+}
+
+/// `Projections::at` answers from the step it was taken at, whatever the
+/// projector writes afterwards: a roll-up and its partitions, an id and its
+/// record, and the cursor that says what they reflect, all of one step.
+#[tokio::test]
+async fn a_view_answers_from_the_step_it_was_taken_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::open(&dir.path().join("log"), "writer-1").await;
+    let (chat, summarize) = (key("t1", "chat"), key("t1", "summarize"));
+    open_partition(&mut driver, &chat);
+    driver.submit(&chat, reserve("r-1"), 1).unwrap();
+    driver.flush().await;
+    let db = store::open(dir.path().join("projection")).unwrap();
+    let mut projector = Projector::open(driver.log.clone(), db, config(16)).unwrap();
+    projector.catch_up().await.unwrap();
+    let p = projector.projections();
+    let before = p.at();
+    let consumed = before.consumed(0).unwrap();
+
+    // The next steps open a second partition of the tenant, reserve in it
+    // and release the first reservation.
+    open_partition(&mut driver, &summarize);
+    driver.submit(&summarize, reserve("r-2"), 2).unwrap();
+    let release = Command::Release {
+        id: ReservationId::new("r-1").unwrap(),
+    };
+    driver.submit(&chat, release, 3).unwrap();
+    driver.flush().await;
+    projector.catch_up().await.unwrap();
+
+    let held = |at: &reservoir_projections::At| {
+        let total = at.tenant_balance("t1").unwrap().unwrap();
+        let partitions = at.tenant_partitions("t1").unwrap();
+        let summed: u64 = partitions.iter().map(|b| b.ledger.reserved_units).sum();
+        assert_eq!(
+            total.ledger.reserved_units, summed,
+            "roll-up = its partitions"
+        );
+        (partitions.len(), summed)
+    };
+    assert_eq!(held(&before), (1, 100), "the view taken before");
+    assert_eq!(
+        state(&p, "r-1"),
+        Some((chat.clone(), ReservationState::Released))
+    );
+    let earlier = before.reservation_by_id("r-1").unwrap().unwrap();
+    assert_eq!(earlier.reservation.state, ReservationState::Reserved);
+    assert_eq!(before.reservation_by_id("r-2").unwrap(), None);
+    assert_eq!(before.consumed(0).unwrap(), consumed);
+
+    let after = p.at();
+    assert_eq!(held(&after), (2, 100), "a view taken now");
+    assert!(after.consumed(0).unwrap() > consumed);
+    check_conservation(&p, &driver);
 }

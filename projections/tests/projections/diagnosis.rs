@@ -115,7 +115,7 @@ async fn diagnosis_names_the_cause() {
     ];
     let mut failures = Vec::new();
     for (tenant, verdict) in expected {
-        let d = projections.diagnosis(tenant).unwrap();
+        let d = projections.at().diagnosis(tenant).unwrap();
         println!("{d:?}");
         if d.verdict != verdict {
             failures.push(format!("{tenant}: expected {verdict:?}, got {d:?}"));

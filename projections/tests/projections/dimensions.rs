@@ -74,7 +74,7 @@ async fn balances_rollups_efficiency_and_refusals_per_dimension() {
 
     // Each partition's further dimensions are the writer's, term for term.
     for k in [&a, &b] {
-        let balance = projections.partition_balance(k).unwrap().unwrap();
+        let balance = projections.at().partition_balance(k).unwrap().unwrap();
         let live = &driver.partitions[k];
         assert_eq!(balance.dimensions.len(), 2);
         for (d, state) in balance.dimensions.iter().zip(&live.further) {
@@ -82,13 +82,13 @@ async fn balances_rollups_efficiency_and_refusals_per_dimension() {
             d.ledger.check().unwrap();
         }
     }
-    let frozen = projections.partition_balance(&b).unwrap().unwrap();
+    let frozen = projections.at().partition_balance(&b).unwrap().unwrap();
     assert!(frozen.frozen, "frozen by output debt alone");
     assert_eq!(frozen.debt_units, 0, "the primary dimension owes nothing");
     assert_eq!(frozen.dimensions[1].debt_units, 5_000);
 
     // The route's roll-up sums each dimension with its own kind only.
-    let route = projections.route_balance("chat").unwrap().unwrap();
+    let route = projections.at().route_balance("chat").unwrap().unwrap();
     let output = &route.dimensions[&Dimension::OutputTokens];
     assert_eq!(output.partitions, 2);
     assert_eq!(output.ledger.spent_units, 2_000 + 1_000 + 25_000);
@@ -102,6 +102,7 @@ async fn balances_rollups_efficiency_and_refusals_per_dimension() {
 
     // Efficiency of output tokens alone, per route and per tenant.
     let eff = projections
+        .at()
         .efficiency_by_route(&store::dimension_key("chat", Dimension::OutputTokens))
         .unwrap();
     assert_eq!(
@@ -109,12 +110,14 @@ async fn balances_rollups_efficiency_and_refusals_per_dimension() {
         (3, 28_000, 8_000)
     );
     let t1 = projections
+        .at()
         .efficiency_by_tenant(&store::dimension_key("t1", Dimension::OutputTokens))
         .unwrap();
     assert_eq!(t1.overall_permille(), Some(500));
     // The primary dimension's histogram stays what it was: requests, 1 of 1.
     assert_eq!(
         projections
+            .at()
             .efficiency_by_route("chat")
             .unwrap()
             .overall_permille(),
@@ -124,12 +127,13 @@ async fn balances_rollups_efficiency_and_refusals_per_dimension() {
     // The output estimate learns the output tokens the settles used (they
     // report no usage): not their primary amount, one request each.
     let estimate = projections
+        .at()
         .route_estimate("chat", Some(store::DEFAULT_MODEL), 1)
         .unwrap();
     assert_eq!(estimate.samples, 3, "{estimate:?}");
     assert!(estimate.p50_units >= Some(1_000), "{estimate:?}");
 
-    let refusals = projections.refusals("t2").unwrap();
+    let refusals = projections.at().refusals("t2").unwrap();
     assert_eq!(refusals.len(), 1);
     assert_eq!(refusals[0].dimension, Some(Dimension::OutputTokens));
     assert_eq!(refusals[0].burst_units, 20_000);
@@ -141,7 +145,7 @@ fn check_conservation_in_dimensions(
     projections: &reservoir_projections::Projections,
     driver: &Driver,
 ) {
-    for b in projections.all_balances().unwrap() {
+    for b in projections.at().all_balances().unwrap() {
         let stored =
             reservoir_projections::projector::stored_partition(projections.db(), &b.key).unwrap();
         stored.partition.check_invariants().unwrap();

@@ -96,11 +96,12 @@ async fn live_vs_rebuilt<L: EventLog>(mut driver: Driver<L>, mut mixed: Mixed, d
         count(store::DIGESTS)
     );
     check_conservation(&projections, &driver);
-    let findings = projections.findings().unwrap();
+    let findings = projections.at().findings().unwrap();
     assert_eq!(findings.len(), 1, "{findings:?}");
     assert_eq!(findings[0].key, corrupt_key());
     assert!(findings[0].error.contains("sequence gap"), "{findings:?}");
     let quarantined = projections
+        .at()
         .partition_balance(&corrupt_key())
         .unwrap()
         .unwrap();
@@ -109,7 +110,11 @@ async fn live_vs_rebuilt<L: EventLog>(mut driver: Driver<L>, mut mixed: Mixed, d
     let mut states = std::collections::BTreeSet::new();
     for key in mixed_keys() {
         for (id, r) in &driver.partitions[&key].reservations {
-            let record = projections.reservation(&key, id.as_str()).unwrap().unwrap();
+            let record = projections
+                .at()
+                .reservation(&key, id.as_str())
+                .unwrap()
+                .unwrap();
             assert_eq!(&record.reservation, r);
             states.insert(format!("{:?}", r.state));
         }
@@ -125,24 +130,28 @@ async fn live_vs_rebuilt<L: EventLog>(mut driver: Driver<L>, mut mixed: Mixed, d
             "{state:?} not exercised: {states:?}"
         );
     }
-    assert!(!projections.refusals("t1").unwrap().is_empty());
+    assert!(!projections.at().refusals("t1").unwrap().is_empty());
     let estimate = projections
+        .at()
         .route_estimate("chat", Some(store::DEFAULT_MODEL), 5)
         .unwrap();
     assert!(estimate.warm && estimate.samples > 5, "{estimate:?}");
     assert!(estimate.p50_units <= estimate.p90_units && estimate.p90_units <= estimate.p99_units);
     // Every settle feeds exactly one digest: its model's, or `default`.
-    let all_models = projections.route_estimate("chat", None, 10).unwrap();
-    let efficiency = projections.efficiency_by_route("chat").unwrap();
+    let all_models = projections.at().route_estimate("chat", None, 10).unwrap();
+    let efficiency = projections.at().efficiency_by_route("chat").unwrap();
     assert_eq!(efficiency.samples, all_models.lifetime_samples);
     for model in ["model-a", "model-b"] {
-        let e = projections.route_estimate("chat", Some(model), 1).unwrap();
+        let e = projections
+            .at()
+            .route_estimate("chat", Some(model), 1)
+            .unwrap();
         assert!(e.lifetime_samples > 0, "{e:?}");
     }
     // The scenario's gateway counts input 3% low (rounded down per call).
-    let drift = projections.input_drift("chat").unwrap().unwrap();
+    let drift = projections.at().input_drift("chat").unwrap().unwrap();
     let ppm = drift.multiplier_ppm().unwrap();
     assert!((1_020_000..=1_031_000).contains(&ppm), "{drift:?} {ppm}");
-    let t1 = projections.tenant_balance("t1").unwrap().unwrap();
+    let t1 = projections.at().tenant_balance("t1").unwrap().unwrap();
     assert_eq!(t1.partitions, 2);
 }

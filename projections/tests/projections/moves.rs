@@ -58,12 +58,12 @@ async fn a_move_whose_halves_disagree_is_a_finding() {
             Projector::open(driver.log.clone(), db.clone(), config(read_entries_max)).unwrap();
         projector.catch_up().await.unwrap();
         let p = projector.projections();
-        let findings = p.findings().unwrap();
+        let findings = p.at().findings().unwrap();
         assert_eq!(findings.len(), 1, "{findings:?}");
         assert_eq!(findings[0].key, g2);
         assert!(findings[0].error.contains("mv-bad"), "{findings:?}");
         for key in [&g1, &g2] {
-            let balance = p.partition_balance(key).unwrap().unwrap();
+            let balance = p.at().partition_balance(key).unwrap().unwrap();
             balance.ledger.check().unwrap();
             assert!(!balance.quarantined, "{key}");
             assert_eq!(balance.ledger, driver.partitions[key].ledger, "{key}");

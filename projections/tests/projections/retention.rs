@@ -54,14 +54,18 @@ async fn finished_records_older_than_the_retention_are_pruned_and_open_ones_stay
     projector.catch_up().await.unwrap();
     let p = projector.projections();
     // The newest event is at 99,011 ms: everything that finished before 89,011 ms is gone.
-    assert_eq!(p.pruned_before_ms().unwrap(), Some(89_011));
+    assert_eq!(p.at().pruned_before_ms().unwrap(), Some(89_011));
     for i in 0..100u64 {
-        let found = p.reservation_by_id(&format!("r-{i}")).unwrap().is_some();
+        let found = p
+            .at()
+            .reservation_by_id(&format!("r-{i}"))
+            .unwrap()
+            .is_some();
         assert_eq!(found, i * 1_000 + 11 >= 89_011, "r-{i}");
     }
-    assert!(p.reservation_by_id("open").unwrap().is_some());
+    assert!(p.at().reservation_by_id("open").unwrap().is_some());
     // Balances and the partition as the projector reloads it are untouched.
-    let balance = p.partition_balance(&chat).unwrap().unwrap();
+    let balance = p.at().partition_balance(&chat).unwrap().unwrap();
     balance.ledger.check().unwrap();
     assert_eq!(balance.ledger, driver.partitions[&chat].ledger);
     let stored = reservoir_projections::projector::stored_partition(&db, &chat).unwrap();
@@ -126,7 +130,7 @@ async fn records_pruned_from_an_idle_partition_leave_its_memory_as_in_a_rebuild(
         Projector::open(driver.log.clone(), store::open(&path).unwrap(), retained(4)).unwrap();
     projector.catch_up().await.unwrap();
     let p = projector.projections();
-    assert!(p.reservation_by_id("e-5").unwrap().is_none(), "pruned");
+    assert!(p.at().reservation_by_id("e-5").unwrap().is_none(), "pruned");
     drop((p, projector));
     // A restart: the idle partition is restored from the store.
     let db = store::open(&path).unwrap();

@@ -139,9 +139,11 @@ async fn run(tenant: &str, route: &str, sizing: Sizing) -> (Outcome, Verdict) {
                     // What `reservoir serve` does for a reserve without units.
                     let config = p90();
                     let own = projections
+                        .at()
                         .route_estimate_at(route, None, config.quantile_ppm)
                         .unwrap();
                     let drift = projections
+                        .at()
                         .input_drift(route)
                         .unwrap()
                         .and_then(|d| d.multiplier_ppm())
@@ -187,10 +189,10 @@ async fn run(tenant: &str, route: &str, sizing: Sizing) -> (Outcome, Verdict) {
     driver.flush().await;
     projector.catch_up().await.unwrap();
     // The projection agrees with the writer and conserves.
-    let balance = projections.partition_balance(&key).unwrap().unwrap();
+    let balance = projections.at().partition_balance(&key).unwrap().unwrap();
     assert_eq!(balance.ledger, driver.partitions[&key].ledger);
     balance.ledger.check().unwrap();
-    let verdict = projections.diagnosis(tenant).unwrap().verdict;
+    let verdict = projections.at().diagnosis(tenant).unwrap().verdict;
     (out, verdict)
 }
 

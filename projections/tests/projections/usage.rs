@@ -110,7 +110,7 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
     let projections = projector.projections();
 
     let a = projections
-        .route_estimate("summarize", Some("model-a"), 200)
+        .at().route_estimate("summarize", Some("model-a"), 200)
         .unwrap();
     assert_eq!((a.samples, a.warm), (800, true));
     for (q, got) in [(0.5, a.p50_units), (0.9, a.p90_units), (0.99, a.p99_units)] {
@@ -120,19 +120,19 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
         assert!((got - want).abs() <= 40.0, "q{q}: {got} vs exact {want}");
     }
     let b = projections
-        .route_estimate("summarize", Some("model-b"), 200)
+        .at().route_estimate("summarize", Some("model-b"), 200)
         .unwrap();
     assert_eq!(b.samples, 400);
     assert!(b.p90_units.unwrap() <= 400, "{b:?}");
     let default = projections
-        .route_estimate("summarize", Some(store::DEFAULT_MODEL), 1)
+        .at().route_estimate("summarize", Some(store::DEFAULT_MODEL), 1)
         .unwrap();
     assert_eq!(
         (default.samples, default.p50_units),
         (2, Some(4_321)),
         "{default:?}"
     );
-    let all = projections.route_estimate("summarize", None, 200).unwrap();
+    let all = projections.at().route_estimate("summarize", None, 200).unwrap();
     assert_eq!((all.samples, all.model.as_str()), (1_202, "*"));
 
     // The sizing input: the model's estimate at p90.
@@ -140,23 +140,23 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
         samples,
         quantile_units,
     } = projections
-        .route_estimate_at("summarize", Some("model-a"), 900_000)
+        .at().route_estimate_at("summarize", Some("model-a"), 900_000)
         .unwrap()
         .unwrap();
     assert_eq!(samples, 800);
     assert!(quantile_units.abs_diff(a.p90_units.unwrap()) <= 1);
     assert_eq!(
         projections
-            .route_estimate_at("summarize", Some("model-z"), 900_000)
+            .at().route_estimate_at("summarize", Some("model-z"), 900_000)
             .unwrap(),
         None
     );
 
     // Drift: only settles reporting both counted and provider input count.
-    let drift = projections.input_drift("summarize").unwrap().unwrap();
+    let drift = projections.at().input_drift("summarize").unwrap().unwrap();
     assert_eq!(drift.samples, 800);
     assert_eq!(drift.multiplier_ppm(), Some(1_034_000));
-    assert!(projections.input_drift("chat").unwrap().is_none());
+    assert!(projections.at().input_drift("chat").unwrap().is_none());
     let state_bytes: usize = store::dump(projections.db())
         .unwrap()
         .iter()

@@ -60,11 +60,12 @@ async fn statement_totals_equal_the_projection() {
     // The statement's totals equal the projection's balances.
     let balances: Ledger = serde_json::from_value(summary["balances"].clone()).unwrap();
     let rollup = projections
+        .at()
         .tenant_balance("acme")
         .unwrap()
         .expect("acme projected");
     assert_eq!(balances, rollup.ledger);
-    for p in projections.tenant_partitions("acme").unwrap() {
+    for p in projections.at().tenant_partitions("acme").unwrap() {
         let ledger: Ledger =
             serde_json::from_value(summary["partitions"][p.key.to_string()].clone()).unwrap();
         assert_eq!(ledger, p.ledger, "{}", p.key);

@@ -64,6 +64,7 @@ async fn a_reconciled_shard_is_accounted_for_in_the_statement() {
     assert_eq!(balances.check(), Ok(()));
     let db = project_embedded(&log_dir, &dir.path().join("projections")).await;
     let rollup = Projections::detached(db)
+        .at()
         .tenant_balance("acme")
         .unwrap()
         .expect("acme projected");

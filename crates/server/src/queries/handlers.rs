@@ -20,10 +20,11 @@ pub async fn tenant_balances(
         ..
     }: Projected,
 ) -> Result<Response, ApiError> {
-    let p = &live.projections;
-    let total = p.tenant_balance(&tenant).map_err(store_failure)?;
-    let partitions = p.tenant_partitions(&tenant).map_err(store_failure)?;
-    balances(&live, tenant, "tenant", total, partitions)
+    // One snapshot: the roll-up, its partitions and `projected_to` agree.
+    let at = live.projections.at();
+    let total = at.tenant_balance(&tenant).map_err(store_failure)?;
+    let partitions = at.tenant_partitions(&tenant).map_err(store_failure)?;
+    balances(&at, &live, tenant, "tenant", total, partitions)
 }
 
 /// Balances of a route: the roll-up over its partitions (every tenant) and each partition.
@@ -41,18 +42,19 @@ pub async fn route_balances(
         value: route, live, ..
     }: Projected,
 ) -> Result<Response, ApiError> {
-    let p = &live.projections;
-    let total = p.route_balance(&route).map_err(store_failure)?;
-    let partitions = p
+    let at = live.projections.at();
+    let total = at.route_balance(&route).map_err(store_failure)?;
+    let partitions = at
         .all_balances()
         .map_err(store_failure)?
         .into_iter()
         .filter(|b| b.key.route == route)
         .collect();
-    balances(&live, route, "route", total, partitions)
+    balances(&at, &live, route, "route", total, partitions)
 }
 
 fn balances(
+    at: &At,
     live: &Live,
     name: String,
     scope: &str,
@@ -70,7 +72,7 @@ fn balances(
         name,
         total: (&total).into(),
         partitions: partitions.iter().map(Into::into).collect(),
-        projected_to: projected_to(live)?,
+        projected_to: projected_to(at, live)?,
     })
     .into_response())
 }
@@ -108,11 +110,11 @@ pub async fn route_estimate(
             .parse()
             .map_err(|_| bad_query(format!("min_samples `{raw}` is not an unsigned integer")))?,
     };
-    let p = &live.projections;
-    let e = p
+    let at = live.projections.at();
+    let e = at
         .route_estimate(&route, model.as_deref(), min_samples)
         .map_err(store_failure)?;
-    let drift = p.input_drift(&route).map_err(store_failure)?;
+    let drift = at.input_drift(&route).map_err(store_failure)?;
     Ok(Json(EstimateView {
         route: e.route,
         model: e.model,
@@ -131,7 +133,7 @@ pub async fn route_estimate(
             reported_input_units: d.reported_input_units,
             multiplier_ppm: d.multiplier_ppm(),
         }),
-        projected_to: projected_to(&live)?,
+        projected_to: projected_to(&at, &live)?,
     })
     .into_response())
 }
@@ -155,12 +157,12 @@ pub async fn route_efficiency(
         ..
     }: Projected<EfficiencyParams>,
 ) -> Result<Response, ApiError> {
-    let h = live
-        .projections
+    let at = live.projections.at();
+    let h = at
         .efficiency_by_route(&efficiency_key(&route, &rest)?)
         .map_err(store_failure)?;
-    let at = projected_to(&live)?;
-    Ok(Json(efficiency_view("route", route, &h, at)).into_response())
+    let to = projected_to(&at, &live)?;
+    Ok(Json(efficiency_view("route", route, &h, to)).into_response())
 }
 
 /// Reservation efficiency (settled ÷ reserved) of a tenant.
@@ -182,12 +184,12 @@ pub async fn tenant_efficiency(
         ..
     }: Projected<EfficiencyParams>,
 ) -> Result<Response, ApiError> {
-    let h = live
-        .projections
+    let at = live.projections.at();
+    let h = at
         .efficiency_by_tenant(&efficiency_key(&tenant, &rest)?)
         .map_err(store_failure)?;
-    let at = projected_to(&live)?;
-    Ok(Json(efficiency_view("tenant", tenant, &h, at)).into_response())
+    let to = projected_to(&at, &live)?;
+    Ok(Json(efficiency_view("tenant", tenant, &h, to)).into_response())
 }
 
 /// Why a tenant is refused: over-reservation (low efficiency, uniform
@@ -212,10 +214,8 @@ pub async fn tenant_diagnosis(
     }: Projected<EfficiencyParams>,
 ) -> Result<Response, ApiError> {
     let dimension = dimension_param(&rest)?;
-    let d = live
-        .projections
-        .diagnosis_in(&tenant, dimension)
-        .map_err(store_failure)?;
+    let at = live.projections.at();
+    let d = at.diagnosis_in(&tenant, dimension).map_err(store_failure)?;
     Ok(Json(DiagnosisView {
         tenant: d.tenant,
         dimension: dimension.map(|d| d.name().to_string()),
@@ -227,7 +227,7 @@ pub async fn tenant_diagnosis(
         empty_bucket_share_permille: d.empty_bucket_share_permille,
         utilization_permille: d.utilization_permille,
         explanation: d.explanation,
-        projected_to: projected_to(&live)?,
+        projected_to: projected_to(&at, &live)?,
     })
     .into_response())
 }
@@ -255,7 +255,8 @@ pub async fn reservation(
             e.to_string(),
         )
     })?;
-    let pruned = live.projections.pruned_before_ms().map_err(store_failure)?;
+    let at = live.projections.at();
+    let pruned = at.pruned_before_ms().map_err(store_failure)?;
     let unknown = || {
         let retention = match pruned {
             Some(ms) => format!(
@@ -271,8 +272,7 @@ pub async fn reservation(
     };
     // By id alone, through the projections' id index: the same on a node
     // whose writers hold the id and on one that only projects the log.
-    let record = live
-        .projections
+    let record = at
         .reservation_by_id(id.as_str())
         .map_err(store_failure)?
         // Another subject's reservation is answered as one that does not exist.
@@ -293,7 +293,7 @@ pub async fn reservation(
         started_at_ms: r.started_at_ms,
         execution_deadline_ms: r.execution_deadline_ms,
         finished_at_ms: r.finished_at_ms,
-        projected_to: projected_to(&live)?,
+        projected_to: projected_to(&at, &live)?,
     })
     .into_response())
 }

@@ -50,7 +50,7 @@ use axum::{Json, Router};
 use reservoir_core::ReservationId;
 use reservoir_log::{EventReader, Position};
 use reservoir_projections::model::{EfficiencyHistogram, PartitionBalance, Rollup};
-use reservoir_projections::{store, ProjectionError, Projections, Projector, ProjectorConfig};
+use reservoir_projections::{store, At, ProjectionError, Projections, Projector, ProjectorConfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use utoipa::{OpenApi, ToSchema};
@@ -393,7 +393,7 @@ pub fn sizing_inputs(
     let Ok(live) = queries.live() else {
         return (None, None, None);
     };
-    let p = &live.projections;
+    let p = live.projections.at();
     let estimate = |route: &str| {
         p.route_estimate_at(route, None, quantile_ppm)
             .unwrap_or_else(|err| {

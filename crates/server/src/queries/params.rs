@@ -169,9 +169,11 @@ async fn beyond_the_log(live: &Live, position: Position, wait_ms: u64) -> Result
     ))
 }
 
-pub(super) fn projected_to(live: &Live) -> Result<Vec<u64>, ApiError> {
+/// What an answer read through `at` reflects: the next offset per log
+/// partition, read from the same snapshot as the answer.
+pub(super) fn projected_to(at: &At, live: &Live) -> Result<Vec<u64>, ApiError> {
     (0..live.log_partitions)
-        .map(|lp| live.projections.consumed(lp).map_err(store_failure))
+        .map(|lp| at.consumed(lp).map_err(store_failure))
         .collect()
 }
 

@@ -93,13 +93,12 @@ fn shadow_view(
 
 async fn shadow(scope: &str, p: Projected<ShadowParams>) -> Result<Response, ApiError> {
     let w = window(&p.rest)?;
-    let records = p
-        .live
-        .projections
+    let at = p.live.projections.at();
+    let records = at
         .shadow_verdicts(scope, &p.value, w.0, w.1)
         .map_err(store_failure)?;
-    let at = projected_to(&p.live)?;
-    Ok(Json(shadow_view(scope, p.value, w, &records, at)).into_response())
+    let to = projected_to(&at, &p.live)?;
+    Ok(Json(shadow_view(scope, p.value, w, &records, to)).into_response())
 }
 
 /// Shadow verdicts of a route (every tenant).

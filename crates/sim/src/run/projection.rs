@@ -267,6 +267,7 @@ impl World {
 
         let projections = Projections::detached(db.clone());
         let findings = projections
+            .at()
             .findings()
             .map_err(|e| format!("findings: {e}"))?;
         if let Some(f) = findings.first() {
@@ -275,6 +276,7 @@ impl World {
         let pruned = p.config.retention.is_some();
         let mut projected = Partitions::new();
         for balance in projections
+            .at()
             .all_balances()
             .map_err(|e| format!("balances: {e}"))?
         {
