@@ -230,6 +230,8 @@ fn output_sample<'a>(
 
 /// Input-token drift sample of an event: (counted input, provider-reported
 /// input), from a settle whose usage reports both (and counted something).
+/// The provider's input is the whole prompt the gateway counted: what it
+/// billed plus what it read from its prompt cache (reported apart).
 fn input_drift_sample(body: &EventBody) -> Option<(u64, u64)> {
     match body {
         EventBody::Settled {
@@ -237,10 +239,11 @@ fn input_drift_sample(body: &EventBody) -> Option<(u64, u64)> {
                 Some(Usage {
                     counted_input_tokens: Some(counted),
                     reported_input_tokens: Some(reported),
+                    cache_read_input_tokens: cached,
                     ..
                 }),
             ..
-        } if *counted > 0 => Some((*counted, *reported)),
+        } if *counted > 0 => Some((*counted, reported.saturating_add(cached.unwrap_or(0)))),
         _ => None,
     }
 }

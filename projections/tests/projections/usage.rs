@@ -66,15 +66,19 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
     for n in 1..=1_200u64 {
         let output = 200 + rng.below(3_801);
         let usage = match n % 3 {
-            // Model a: 200..4,000 output tokens; input counted 1,000, billed 1,034.
+            // Model a: 200..4,000 output tokens; input counted 1,000, the
+            // provider's 1,034, every other call 200 of them read from its
+            // prompt cache (reported apart: still the prompt the gateway
+            // counted, so still in the drift).
             0 | 1 => {
                 outputs_a.push(output);
+                let cached = if n % 2 == 0 { 200 } else { 0 };
                 Some(Usage {
-                    cache_read_input_tokens: None,
+                    cache_read_input_tokens: (cached > 0).then_some(cached),
                     model: Some("model-a".into()),
                     output_tokens: Some(output),
                     counted_input_tokens: Some(1_000),
-                    reported_input_tokens: Some(1_034),
+                    reported_input_tokens: Some(1_034 - cached),
                 })
             }
             // Model b: short outputs, no input report (no drift sample).
@@ -110,7 +114,8 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
     let projections = projector.projections();
 
     let a = projections
-        .at().route_estimate("summarize", Some("model-a"), 200)
+        .at()
+        .route_estimate("summarize", Some("model-a"), 200)
         .unwrap();
     assert_eq!((a.samples, a.warm), (800, true));
     for (q, got) in [(0.5, a.p50_units), (0.9, a.p90_units), (0.99, a.p99_units)] {
@@ -120,19 +125,24 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
         assert!((got - want).abs() <= 40.0, "q{q}: {got} vs exact {want}");
     }
     let b = projections
-        .at().route_estimate("summarize", Some("model-b"), 200)
+        .at()
+        .route_estimate("summarize", Some("model-b"), 200)
         .unwrap();
     assert_eq!(b.samples, 400);
     assert!(b.p90_units.unwrap() <= 400, "{b:?}");
     let default = projections
-        .at().route_estimate("summarize", Some(store::DEFAULT_MODEL), 1)
+        .at()
+        .route_estimate("summarize", Some(store::DEFAULT_MODEL), 1)
         .unwrap();
     assert_eq!(
         (default.samples, default.p50_units),
         (2, Some(4_321)),
         "{default:?}"
     );
-    let all = projections.at().route_estimate("summarize", None, 200).unwrap();
+    let all = projections
+        .at()
+        .route_estimate("summarize", None, 200)
+        .unwrap();
     assert_eq!((all.samples, all.model.as_str()), (1_202, "*"));
 
     // The sizing input: the model's estimate at p90.
@@ -140,14 +150,16 @@ async fn digests_per_model_from_output_tokens_and_drift_per_route() {
         samples,
         quantile_units,
     } = projections
-        .at().route_estimate_at("summarize", Some("model-a"), 900_000)
+        .at()
+        .route_estimate_at("summarize", Some("model-a"), 900_000)
         .unwrap()
         .unwrap();
     assert_eq!(samples, 800);
     assert!(quantile_units.abs_diff(a.p90_units.unwrap()) <= 1);
     assert_eq!(
         projections
-            .at().route_estimate_at("summarize", Some("model-z"), 900_000)
+            .at()
+            .route_estimate_at("summarize", Some("model-z"), 900_000)
             .unwrap(),
         None
     );
