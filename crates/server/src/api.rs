@@ -66,7 +66,7 @@ pub fn router(state: AppState, max_body_bytes: usize, auth: Arc<Auth>) -> Router
         .route("/metrics", metrics)
         .route("/openapi.json", get(move || openapi_json(metrics_public)))
         .merge(crate::queries::routes())
-        .merge(crate::shards::http::routes())
+        .merge(crate::shards::http::routes(max_body_bytes))
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
         })

@@ -281,7 +281,7 @@ enum Target {
 
 async fn front(State(node): State<Arc<Node>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let limit = node.config.max_body_bytes;
+    let limit = crate::shards::body_limit(parts.uri.path(), node.config.max_body_bytes);
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(_) => {

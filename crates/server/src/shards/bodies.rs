@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 
 use axum::http::StatusCode;
+use reservoir_core::policy::MAX_UNITS;
 use reservoir_core::{PartitionKey, ReservationId, ShardId};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -172,6 +173,18 @@ pub(super) fn totals(receipts: &[ReceiptBody]) -> Result<ReceiptTotals, ApiError
             return Err(invalid(
                 "invalid_receipt",
                 format!("reservation {} appears twice", r.reservation_id),
+            ));
+        }
+        // One call can never have used more than one amount may carry; a
+        // larger number is a broken meter, and recorded it would be a debt
+        // no refill repays.
+        if r.used_units > MAX_UNITS {
+            return Err(invalid(
+                "invalid_receipt",
+                format!(
+                    "reservation {}: used_units {} is above the most one amount may carry ({MAX_UNITS})",
+                    r.reservation_id, r.used_units
+                ),
             ));
         }
         match r.state {

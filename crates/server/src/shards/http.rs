@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -27,7 +27,8 @@ use crate::writer::{Answer, Request};
 
 /// Issue and reconcile: a gateway of the shard's subject, or an operator;
 /// listing: anyone who reads the subject; the public key: everyone.
-pub fn routes() -> Router<AppState> {
+/// `max_body_bytes` is the server's general body limit.
+pub fn routes(max_body_bytes: usize) -> Router<AppState> {
     Router::new()
         .route(
             "/v1/shards",
@@ -36,7 +37,10 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/shards/public-key", get(public_key))
         .route(
             "/v1/shards/{id}/reconcile",
-            require(SHARD_WRITE, post(reconcile)),
+            // Inside the router's general limit, so this one applies.
+            require(SHARD_WRITE, post(reconcile)).layer(DefaultBodyLimit::max(
+                super::reconcile_body_limit(max_body_bytes),
+            )),
         )
 }
 

@@ -42,9 +42,32 @@ pub use signing::ShardSigner;
 /// ledger's hands until it is reconciled.
 pub const MAX_SHARD_TTL_MS: u64 = 24 * 60 * 60 * 1_000;
 
-/// Most receipts one reconcile may carry (the body limit usually binds first:
-/// about 80 bytes a receipt).
+/// Most receipts one reconcile may carry (about 90 bytes a receipt, so
+/// [`MAX_RECONCILE_BODY_BYTES`] usually binds first).
 pub const MAX_RECEIPTS_PER_RECONCILE: usize = 100_000;
+
+/// The body limit of a reconcile, above the server's general one: a shard is
+/// reconciled once, with every receipt of its local calls, and a limit that
+/// refused it would leave the shard unreconciled for good (its spend never
+/// recorded, its unused units never reminted). 8 MiB is about 90,000
+/// receipts.
+pub const MAX_RECONCILE_BODY_BYTES: usize = 8 << 20;
+
+/// A reconcile's body limit: [`MAX_RECONCILE_BODY_BYTES`], or the
+/// configured general limit if that is larger.
+pub fn reconcile_body_limit(configured: usize) -> usize {
+    configured.max(MAX_RECONCILE_BODY_BYTES)
+}
+
+/// The body limit of a request to `path` (the cluster front reads bodies
+/// before it routes them).
+pub fn body_limit(path: &str, configured: usize) -> usize {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["v1", "shards", _, "reconcile"] => reconcile_body_limit(configured),
+        _ => configured,
+    }
+}
 
 /// Schema name of the document.
 pub const SHARD_SCHEMA: &str = "emergencyShard.v1";

@@ -354,6 +354,46 @@ async fn reconcile_remints_the_unused_units_once() {
     assert_eq!(list["outstanding_units"], 0);
 }
 
+/// A long outage leaves thousands of local receipts: their reconcile is
+/// above the general 64 KiB body limit and is still taken (a shard is
+/// reconciled once; refused, it would stay unreconciled for good). A
+/// receipt above the most one amount may carry is refused, not recorded as
+/// a debt no refill repays; other bodies keep the general limit.
+#[tokio::test]
+async fn a_reconcile_takes_thousands_of_receipts_and_refuses_impossible_ones() {
+    let (s, _dir) = TestServer::embedded().await;
+    s.publish(&shard_policy(1, 10_000), "e").await;
+    let doc = issue(&s, "sh-big", 5_000).await;
+
+    let impossible = vec![receipt("l-0", "SETTLED", (1u64 << 53) + 1)];
+    let (status, answer) = reconcile(&s, &doc, impossible).await;
+    assert_eq!(
+        (status, problem_type(&answer)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_receipt"),
+        "{answer}"
+    );
+
+    // 3,000 calls of one unit each, over 200 KB of receipts.
+    let receipts: Vec<Value> = (0..3_000)
+        .map(|i| receipt(&format!("local-call-{i:06}"), "SETTLED", 1))
+        .collect();
+    let size = reconcile_body(&doc, "gw-1", 7, receipts.clone()).to_string().len();
+    assert!(size > 3 * 64 * 1024, "{size} bytes");
+    let (status, outcome) = reconcile(&s, &doc, receipts).await;
+    assert_eq!(status, StatusCode::CREATED, "{outcome}");
+    assert_eq!(outcome["spent_units"], 3_000);
+    assert_eq!(outcome["reminted_units"], 2_000);
+    let parts = conserved(&s).await;
+    assert_eq!(generation(&parts, 1)["available_units"], 10_000 - 3_000);
+
+    // Anything else still meets the general limit.
+    let mut big = issue_body("sh-2", 1, "gw-1", 7);
+    big["padding"] = json!("x".repeat(100 * 1024));
+    let (status, answer) = s.post("/v1/shards", big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
+    conserved(&s).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_remints_into_the_active_generation_once_across_switches() {
     let (s, _dir) = TestServer::embedded().await;
