@@ -167,13 +167,15 @@ def publish(
     three_dimensions: bool = False,
     emergency: bool = False,
     shadow: bool = False,
+    exclude_cache_reads: bool = False,
     token: str | None = None,
 ) -> None:
     """Publishes generation 1 of a token policy, opening full; with
     ``three_dimensions``, 1,000 requests (the primary dimension) plus ``burst``
     input tokens and ``burst`` output tokens, as a provider limits them;
     with ``emergency``, shards may be carved from it; with ``shadow``, it only
-    records what it would have refused."""
+    records what it would have refused; with ``exclude_cache_reads``, cache-read
+    input tokens are left out of its input dimensions at settle."""
     policy = {
         "subject": subject,
         "route": route,
@@ -192,6 +194,8 @@ def publish(
         "shadow_mode": shadow,
         "generation": 1,
     }
+    if exclude_cache_reads:
+        policy["exclude_cache_read_input_tokens"] = True
     if three_dimensions:
         policy.update(capacity_unit="requests", burst_units=1_000, opening_units=1_000, max_reservation_units=1)
         policy["dimensions"] = [

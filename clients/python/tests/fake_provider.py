@@ -33,6 +33,13 @@ class Script:
     #: Refuse the call with this HTTP status before streaming anything.
     refuse_status: int | None = None
     model: str = "fake-model-1"
+    #: Prompt tokens read from the provider's cache: Anthropic's
+    #: ``cache_read_input_tokens`` (beside ``input_tokens``), OpenAI's
+    #: ``prompt_tokens_details.cached_tokens`` (part of ``prompt_tokens``,
+    #: which is ``input_tokens`` here).
+    cache_read_tokens: int | None = None
+    #: Anthropic's ``cache_creation_input_tokens`` (beside ``input_tokens``).
+    cache_creation_tokens: int | None = None
 
 
 class FakeProvider:
@@ -123,7 +130,12 @@ def anthropic_events(s: Script) -> list[str]:
                     "content": [],
                     "stop_reason": None,
                     "stop_sequence": None,
-                    "usage": {"input_tokens": s.input_tokens, "output_tokens": 1},
+                    "usage": {
+                        "input_tokens": s.input_tokens,
+                        "output_tokens": 1,
+                        "cache_creation_input_tokens": s.cache_creation_tokens,
+                        "cache_read_input_tokens": s.cache_read_tokens,
+                    },
                 },
             },
         ),
@@ -187,6 +199,7 @@ def openai_events(s: Script) -> list[str]:
                 "prompt_tokens": s.input_tokens,
                 "completion_tokens": s.output_tokens,
                 "total_tokens": s.input_tokens + s.output_tokens,
+                **({} if s.cache_read_tokens is None else {"prompt_tokens_details": {"cached_tokens": s.cache_read_tokens}}),
             },
             choices=False,
         )

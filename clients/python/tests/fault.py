@@ -86,3 +86,28 @@ class AsyncLoseAnswers(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class AsyncProxyAnswers(httpx.AsyncBaseTransport):
+    """A proxy in front of the server that forwards the first ``times``
+    requests ``match`` selects, waits for the server's answer (so it
+    committed), and answers ``status`` (502, 504) with an HTML page of its
+    own instead, as a proxy whose read timeout is shorter than the server's
+    answer does."""
+
+    def __init__(self, match: Match, status: int, times: int = 1) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.budget = _Budget(match, times, reach_server=True)
+        self.status = status
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        await response.aread()
+        if self.budget.drop(request, response):
+            await response.aclose()
+            page = f"<html><body><h1>{self.status}</h1>the upstream did not answer in time</body></html>"
+            return httpx.Response(self.status, headers={"content-type": "text/html"}, text=page, request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -85,3 +85,26 @@ async def test_async_gateway_token_reserves_and_releases(ledger: Authenticated) 
             await bad.reserve(TENANT_B, route, units=1)
     p = assert_conserved(ledger.base, TENANT_B, token=ledger.operator)
     assert (p["spent_units"], p["reserved_units"]) == (0, 0)
+
+
+def test_a_token_read_from_a_file_keeps_working_with_its_newline(ledger: Authenticated, tmp_path: Path) -> None:
+    """``reservoir token create`` and the server's operator.token end with a
+    newline; read from a file, the token still authenticates (the
+    surrounding whitespace is stripped), as ``Bearer $(cat ...)`` does."""
+    route = f"chat-{uuid.uuid4().hex[:8]}"
+    publish(ledger.base, TENANT_A, route, token=ledger.operator)
+    saved = tmp_path / "gateway.token"
+    saved.write_text(ledger.gateway_a + "\n")
+    with Reservoir(ledger.base, token=saved.read_text(), retry=RetryPolicy(deadline_s=1)) as rsv:
+        r = rsv.reserve(TENANT_A, route, units=10)
+        assert rsv.release(r.id).state == "RELEASED"
+
+
+@pytest.mark.parametrize("token", ["rsv_a b", "rsv_a\nb", "rsv_\x00", "rsv_é", "", " \n"])
+def test_a_token_that_cannot_be_a_header_is_refused_at_once(token: str) -> None:
+    """Not an answer lost after 10 s of retries: a ``ValueError`` when the
+    client is made."""
+    with pytest.raises(ValueError, match="token"):
+        Reservoir("http://127.0.0.1:9", token=token)
+    with pytest.raises(ValueError, match="token"):
+        AsyncReservoir("http://127.0.0.1:9", token=token)

@@ -222,3 +222,23 @@ async def test_in_shadow_mode_the_receipt_says_what_enforcement_would_have_refus
         for r in (fits, over):
             await rsv.release(r.id)
     assert_conserved(base, subject)
+
+
+async def test_a_receipt_carries_the_rate_limit_headers_for_a_gateway_to_pass_on(
+    base: str, subject: str, route: str
+) -> None:
+    """Every reservation answer's ``RateLimit``, ``RateLimit-Policy`` and
+    ``x-ratelimit-*`` headers, as ``Receipt.rate_limits`` (names in lower
+    case); they are not part of the receipt's equality."""
+    publish(base, subject, route, burst=BURST)
+    async with AsyncReservoir(base) as rsv:
+        r = await rsv.reserve(subject, route, units=1_000)
+        assert r.rate_limits["x-ratelimit-limit-tokens"] == str(BURST)
+        assert r.rate_limits["x-ratelimit-remaining-tokens"] == str(BURST - 1_000)
+        assert r.rate_limits["ratelimit"].startswith('"tokens";r=99000;')
+        assert r.rate_limits["ratelimit-policy"].startswith(f'"tokens";q={BURST};')
+        assert not {k for k in r.rate_limits if not k.startswith(("ratelimit", "x-ratelimit-"))}
+        released = await rsv.release(r.id)
+        assert released.rate_limits["x-ratelimit-remaining-tokens"] == str(BURST)
+        assert released == await rsv.get_reservation(r.id)
+    assert_conserved(base, subject)

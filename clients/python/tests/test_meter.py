@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from reservoir_client import StreamMeter
+from reservoir_client import StreamMeter, Usage
 
 
 def start(input_tokens: int = 50, cache_read: int | None = None, cache_creation: int | None = None) -> Any:
@@ -73,3 +73,62 @@ def test_before_its_first_event_a_call_is_charged_its_count_unless_refused() -> 
     # Once the provider reported its input, that is the count either way.
     refused.observe(start(input_tokens=50))
     assert (refused.input_tokens, refused.usage().reported_input_tokens) == (50, 50)
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["Qwen2.5 7B Instruct (Q4_K_M)", "m" * 129, "", "modèle", "gpt-x\n", "a,b"],
+)
+def test_a_model_name_the_ledger_would_refuse_is_left_out(model: str) -> None:
+    """The ledger refuses a settle whose usage names a model outside
+    ``[A-Za-z0-9._:/@-]{1,128}`` (422): the model is left out, as the Rust
+    client does, so an odd provider name never costs the hold."""
+    assert Usage(model=model, output_tokens=5).to_json() == {"output_tokens": 5}
+    meter = StreamMeter(counted_input_tokens=10)
+    meter.observe(E(object="chat.completion.chunk", model=model, choices=[], usage=None))
+    assert "model" not in meter.usage().to_json()
+
+
+def test_a_model_name_the_ledger_accepts_is_sent() -> None:
+    for model in ("claude-sonnet-4", "org/model:v1.5@2024_01", "m" * 128):
+        assert Usage(model=model).to_json() == {"model": model}
+
+
+def usage_of(meter: StreamMeter) -> dict[str, Any]:
+    return meter.usage().to_json()
+
+
+def test_cache_reads_are_reported_apart_from_the_input() -> None:
+    """The ledger's ``reported_input_tokens`` leaves cache reads out and takes
+    them in ``cache_read_input_tokens``, so a policy may exclude them.
+    Anthropic: input + cache creation, and the reads; OpenAI: prompt tokens
+    less the cached ones, and the cached ones. The charged input (the
+    meter's ``input_tokens``, what a custom ``settle_units`` reads) is still
+    all of it."""
+    anthropic = StreamMeter(counted_input_tokens=100)
+    anthropic.observe(start(10, cache_read=900, cache_creation=5))
+    assert anthropic.input_tokens == 915
+    assert usage_of(anthropic) == {
+        "model": "claude-x",
+        "output_tokens": 1,
+        "counted_input_tokens": 100,
+        "reported_input_tokens": 15,
+        "cache_read_input_tokens": 900,
+    }
+    # A later cumulative report without the cache parts keeps them.
+    anthropic.observe(E(type="message_delta", usage=E(output_tokens=50, input_tokens=10, cache_read_input_tokens=None)))
+    assert (anthropic.input_tokens, usage_of(anthropic)["reported_input_tokens"], anthropic.output_tokens) == (915, 15, 50)
+    openai = StreamMeter(counted_input_tokens=100)
+    openai.observe(chunk(usage=E(prompt_tokens=1_000, completion_tokens=9, prompt_tokens_details=E(cached_tokens=900))))
+    assert openai.input_tokens == 1_000
+    assert usage_of(openai) == {
+        "model": "gpt-x",
+        "output_tokens": 9,
+        "counted_input_tokens": 100,
+        "reported_input_tokens": 100,
+        "cache_read_input_tokens": 900,
+    }
+    # No cache details at all: nothing read from the cache is reported.
+    plain = StreamMeter(counted_input_tokens=100)
+    plain.observe(chunk(usage=E(prompt_tokens=120, completion_tokens=9, prompt_tokens_details=None)))
+    assert "cache_read_input_tokens" not in usage_of(plain) and usage_of(plain)["reported_input_tokens"] == 120

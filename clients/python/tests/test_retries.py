@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from conftest import assert_conserved, publish
-from fault import AsyncLoseAnswers, LoseAnswers, on
+from fault import AsyncLoseAnswers, AsyncProxyAnswers, LoseAnswers, on
 from reservoir_client import (
     AsyncReservoir,
     guarded_stream,
     LedgerUnreachable,
     OutcomeUnknown,
+    ProblemError,
+    RequestNotSent,
     ReservationUnknown,
     Reservoir,
     RetryPolicy,
@@ -150,6 +152,46 @@ def _closed_port() -> int:
     return port
 
 
+@pytest.mark.parametrize("status", [502, 504])
+async def test_a_reserve_a_proxy_answered_only_with_a_5xx_is_unknown_and_resolves_once(
+    base: str, subject: str, route: str, status: int
+) -> None:
+    """A proxy that forwarded the reserve and then answered 502/504 itself:
+    the ledger may have committed it, so the reserve ends as
+    ``ReservationUnknown`` with its id (not a bare retryable ``ProblemError``
+    inviting a second reserve under a new id), and ``resolve`` finds it."""
+    publish(base, subject, route, burst=BURST)
+    proxy = AsyncProxyAnswers(on("POST", "/v1/reservations"), status, times=10)
+    async with AsyncReservoir(base, transport=proxy, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01)) as rsv:
+        with pytest.raises(ReservationUnknown) as unknown:
+            await rsv.reserve(subject, route, counted_input_tokens=300, max_tokens=100)
+    assert isinstance(unknown.value.cause, ProblemError) and unknown.value.cause.status == status
+    assert proxy.budget.lost == [201, 200, 200]  # one reservation, committed on the first try
+    async with AsyncReservoir(base) as clean:
+        resolved = await clean.resolve(unknown.value)
+    assert (resolved.id, resolved.created, resolved.reserved_units) == (unknown.value.reservation_id, False, 400)
+    p = assert_conserved(base, subject)
+    assert (p["reservations"], p["reserved_units"]) == (1, 400)
+
+
+async def test_a_settle_a_proxy_answered_only_with_504_is_outcome_unknown(base: str, subject: str, route: str) -> None:
+    publish(base, subject, route, burst=BURST)
+    async with AsyncReservoir(base) as clean:
+        r = await clean.reserve(subject, route, units=900)
+        await clean.start(r.id, "op")
+    proxy = AsyncProxyAnswers(on("POST", "/settle"), 504, times=10)
+    async with AsyncReservoir(base, transport=proxy, retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01)) as rsv:
+        with pytest.raises(OutcomeUnknown) as unknown:
+            await rsv.settle(r.id, 500, operation_id="op")
+    assert not isinstance(unknown.value, ReservationUnknown) and unknown.value.request_body == {
+        "actual_units": 500,
+        "operation_id": "op",
+    }
+    async with AsyncReservoir(base) as clean:
+        assert (await clean.settle(r.id, 500, operation_id="op")).created is False
+    assert assert_conserved(base, subject)["spent_units"] == 500
+
+
 async def test_an_unreachable_ledger_is_reported_as_such_not_as_unknown() -> None:
     base = f"http://127.0.0.1:{_closed_port()}"
     async with AsyncReservoir(base, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01)) as rsv:
@@ -211,6 +253,48 @@ def test_an_attempt_that_may_have_landed_makes_the_end_unknown_and_keeps_the_id(
     assert attempts.transport_failed(httpx.ConnectError("refused")) is None  # third and last try
     end = attempts.give_up()
     assert isinstance(end, ReservationUnknown) and end.reservation_id == "r-1" and end.request_body == body
+
+
+def test_a_request_httpx_refuses_to_send_is_not_retried_and_not_unknown() -> None:
+    """httpx refuses a request it cannot encode (a header value with a
+    newline, ...) before sending a byte: nothing was applied, trying again
+    cannot help, and the ledger was not found unreachable either."""
+    import httpx
+
+    attempts = Attempts(
+        RetryPolicy(), random.Random(1), method="POST", path="/v1/reservations", body={"id": "r-1"}, reservation_id="r-1"
+    )
+    assert attempts.transport_failed(httpx.LocalProtocolError("Illegal header value b'Bearer x\\n'")) is None
+    end = attempts.give_up()
+    assert isinstance(end, RequestNotSent) and not isinstance(end, (OutcomeUnknown, LedgerUnreachable))
+    assert isinstance(end.cause, httpx.LocalProtocolError) and attempts.tries == 1
+
+
+def test_a_full_connection_pool_is_not_an_unreachable_ledger() -> None:
+    """A pool timeout is the client's own pool staying full (a burst against a
+    healthy but slow ledger): retried, never applied, and not
+    ``LedgerUnreachable`` (which would admit from an emergency shard) unless
+    a try really failed to reach the ledger."""
+    import httpx
+
+    clock = FakeClock()
+
+    def attempts() -> Attempts:
+        policy = RetryPolicy(max_attempts=3)
+        body: dict[str, object] = {"id": "r-1"}
+        return Attempts(policy, random.Random(1), method="POST", path="/v1/reservations", body=body, reservation_id="r-1", clock=clock)
+
+    starved = attempts()
+    assert starved.transport_failed(httpx.PoolTimeout("pool full")) is not None  # retried
+    assert starved.transport_failed(httpx.PoolTimeout("pool full")) is not None
+    assert starved.transport_failed(httpx.PoolTimeout("pool full")) is None
+    end = starved.give_up()
+    assert isinstance(end, RequestNotSent) and not isinstance(end, LedgerUnreachable)
+    refused = attempts()
+    refused.transport_failed(httpx.PoolTimeout("pool full"))
+    refused.transport_failed(httpx.ConnectError("refused"))
+    refused.transport_failed(httpx.PoolTimeout("pool full"))
+    assert isinstance(refused.give_up(), LedgerUnreachable)
 
 
 def test_problem_bodies_are_parsed_tolerantly() -> None:

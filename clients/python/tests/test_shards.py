@@ -17,9 +17,12 @@ import httpx
 import pytest
 
 from conftest import Server, assert_conserved, publish
+from fault import LoseAnswers, on
 from reservoir_client import (
     AsyncReservoir,
     LedgerUnreachable,
+    OutcomeUnknown,
+    RequestNotSent,
     ReservationUnknown,
     Reservoir,
     RetryPolicy,
@@ -27,6 +30,7 @@ from reservoir_client import (
     ShardBooks,
     ShardDocument,
     ShardRefused,
+    Unavailable,
     Usage,
 )
 
@@ -229,6 +233,8 @@ def test_a_local_settle_counts_input_as_the_ledger_does(ledger: Server) -> None:
         (Usage(output_tokens=40, counted_input_tokens=100, reported_input_tokens=0), 40),
         (Usage(output_tokens=40, counted_input_tokens=100, reported_input_tokens=120), 160),
         (Usage(output_tokens=40, counted_input_tokens=100), 140),
+        # Cache reads count as input, as on a policy that does not exclude them.
+        (Usage(output_tokens=40, counted_input_tokens=100, reported_input_tokens=20, cache_read_input_tokens=100), 160),
     ]
     with Reservoir(ledger.base, fallback=book, retry=QUICK) as rsv:
         for usage, units in table:
@@ -237,7 +243,7 @@ def test_a_local_settle_counts_input_as_the_ledger_does(ledger: Server) -> None:
             rsv.start(r.id, unique("op"))
             assert rsv.settle(r.id, usage=usage).actual_units == units, usage
     assert book.books(doc.shard_id) == ShardBooks(
-        allocated_units=3_000, local_available_units=3_000 - 340, local_spent_units=340
+        allocated_units=3_000, local_available_units=3_000 - 500, local_spent_units=500
     )
 
 
@@ -271,3 +277,83 @@ def test_a_503_decides_nothing_so_the_count_of_failures_goes_on(ledger: Server) 
     assert local.extra.get("local_shard_id") == doc.shard_id, local
     books = book.books(doc.shard_id)
     assert books is not None and books.local_reserved_units == 10
+
+
+class PolicyUnavailable(httpx.HTTPTransport):
+    """The real server, except that reading a policy answers 503."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.startswith("/v1/policies/"):
+            body = {"type": "https://reservoir.dev/problems/unavailable", "status": 503, "detail": "not now"}
+            return httpx.Response(503, json=body, headers={"content-type": "application/problem+json"})
+        return super().handle_request(request)
+
+
+def test_issue_shard_reads_the_policy_before_it_issues(base: str, subject: str, route: str) -> None:
+    """The policy (the shard's unit) is read first: when that read fails,
+    nothing has been issued, so no units are retired out of reach."""
+    publish(base, subject, route, burst=10_000, emergency=True)
+    book = ShardBook("gw-py-1", 1, public_key(base))
+    with Reservoir(base, fallback=book, retry=QUICK, transport=PolicyUnavailable()) as rsv:
+        with pytest.raises(Unavailable):
+            rsv.issue_shard(subject, route, 3_000, ttl_ms=600_000)
+    p = assert_conserved(base, subject)
+    assert (p["retired_for_emergency_units"], p["available_units"]) == (0, 10_000)
+
+
+async def test_an_issue_whose_answers_are_lost_names_its_shard_id_for_the_repeat(base: str, subject: str, route: str) -> None:
+    """The issue happened but its answers were lost: the error carries the
+    shard id the call made up, and repeating the issue with it installs that
+    one shard (the ledger answers the same document), not a second."""
+    publish(base, subject, route, burst=10_000, emergency=True)
+    book = ShardBook("gw-py-1", 1, public_key(base))
+    fault = LoseAnswers(on("POST", "/v1/shards"), lose=10)
+    with Reservoir(base, fallback=book, transport=fault, retry=QUICK) as rsv:
+        with pytest.raises(OutcomeUnknown) as lost:
+            rsv.issue_shard(subject, route, 3_000, ttl_ms=600_000)
+    assert fault.budget.lost and fault.budget.lost[0] == 201
+    shard_id = lost.value.shard_id
+    assert shard_id is not None and shard_id.startswith("sh-")
+    async with AsyncReservoir(base, fallback=book) as rsv:
+        doc = await rsv.issue_shard(subject, route, 3_000, ttl_ms=600_000, shard_id=shard_id)
+    assert (doc.shard_id, doc.units) == (shard_id, 3_000)
+    p = assert_conserved(base, subject)
+    assert (p["retired_for_emergency_units"], p["available_units"]) == (3_000, 7_000)
+
+
+def test_a_full_connection_pool_never_admits_from_a_shard(base: str, subject: str, route: str) -> None:
+    """A pool timeout says the client's own connections are busy, not that
+    the ledger is down: the reserve raises ``RequestNotSent`` and the shard
+    stays untouched."""
+    publish(base, subject, route, burst=10_000, emergency=True)
+    book = ShardBook("gw-py-1", 1, public_key(base))
+    with Reservoir(base, fallback=book) as rsv:
+        doc = rsv.issue_shard(subject, route, 1_000, ttl_ms=60_000)
+
+    def starved(request: httpx.Request) -> httpx.Response:
+        raise httpx.PoolTimeout("no connection free in the pool", request=request)
+
+    with Reservoir(base, fallback=book, retry=QUICK, transport=httpx.MockTransport(starved)) as busy:
+        with pytest.raises(RequestNotSent):
+            busy.reserve(subject, route, units=10)
+    assert book.books(doc.shard_id) == ShardBooks(allocated_units=1_000, local_available_units=1_000)
+
+
+def test_a_local_settle_leaves_cache_reads_out_where_the_policy_does(base: str, subject: str, route: str) -> None:
+    """The shard keeps its policy's ``exclude_cache_read_input_tokens``: a
+    local settle from usage then charges the input without its cache reads,
+    as the ledger would."""
+    publish(base, subject, route, burst=10_000, emergency=True, exclude_cache_reads=True)
+    book = ShardBook("gw-py-1", 1, public_key(base))
+    with Reservoir(base, fallback=book) as rsv:
+        doc = rsv.issue_shard(subject, route, 3_000, ttl_ms=60_000)
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with Reservoir(base, fallback=book, retry=QUICK, transport=httpx.MockTransport(down)) as cut_off:
+        r = cut_off.reserve(subject, route, counted_input_tokens=100, max_tokens=200)
+        assert r.extra["local_shard_id"] == doc.shard_id
+        cut_off.start(r.id, "op")
+        usage = Usage(output_tokens=40, counted_input_tokens=100, reported_input_tokens=20, cache_read_input_tokens=900)
+        assert cut_off.settle(r.id, usage=usage).actual_units == 60

@@ -284,3 +284,24 @@ async def test_a_three_dimension_route_settles_each_dimension_from_the_usage(
     spent = {d["dimension"]: d["spent_units"] for d in p["dimensions"]}
     assert spent == {"input_tokens": REPORTED, "output_tokens": 900}
     assert all(d["reserved_units"] == 0 for d in p["dimensions"])
+
+
+@pytest.mark.parametrize("exclude", [False, True], ids=["cache reads counted", "cache reads excluded"])
+async def test_cache_reads_are_settled_apart_so_a_policy_can_exclude_them(
+    base: str, subject: str, route: str, provider: FakeProvider, exclude: bool
+) -> None:
+    """Anthropic's ``input_tokens`` and ``cache_creation_input_tokens`` are the
+    reported input, its ``cache_read_input_tokens`` the cache reads: a policy
+    with ``exclude_cache_read_input_tokens`` charges 10 + 5 input tokens for a
+    prompt that read 900 from the cache, one without it 915."""
+    publish(base, subject, route, burst=BURST, exclude_cache_reads=exclude)
+    provider.reset(Script(input_tokens=10, output_tokens=40, cache_creation_tokens=5, cache_read_tokens=900))
+    async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
+        r = await reserve(rsv, subject, route)
+        async with guarded_stream(rsv, r, sdk.messages.stream(**request()), counted_input_tokens=COUNTED) as s:
+            async for _ in s:
+                pass
+        expected = (15 if exclude else 915) + 40
+        assert s.settled is not None
+        assert (s.settled.state, s.settled.actual_units) == ("SETTLED", expected)
+    assert assert_conserved(base, subject)["spent_units"] == expected

@@ -129,3 +129,44 @@ def test_the_sync_sdk_stopped_midway_settles_the_count(base: str, subject: str, 
         assert s.settled is not None and s.settled.actual_units == COUNTED + 900
     sdk.close()
     assert assert_conserved(base, subject)["spent_units"] == 1_000
+
+
+async def test_a_provider_model_name_the_ledger_refuses_still_settles(
+    base: str, subject: str, route: str, provider: FakeProvider
+) -> None:
+    """An OpenAI-compatible server (vLLM, llama.cpp, a proxy) may name its
+    model with spaces or parentheses, which the ledger refuses as a usage
+    model (422): the settle leaves the model out and still returns the hold."""
+    publish(base, subject, route, burst=BURST)
+    provider.reset(Script(input_tokens=REPORTED, output_tokens=30, model="Qwen2.5 7B Instruct (Q4_K_M)"))
+    async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
+        r = await rsv.reserve(subject, route, counted_input_tokens=COUNTED, max_tokens=4_000)
+        stream = await sdk.chat.completions.create(**request(), stream=True)
+        async with guarded_stream(rsv, r, stream, counted_input_tokens=COUNTED) as s:
+            async for _ in s:
+                pass
+        assert s.meter.model == "Qwen2.5 7B Instruct (Q4_K_M)"
+        assert s.settled is not None
+        assert (s.settled.state, s.settled.actual_units) == ("SETTLED", REPORTED + 30)
+    p = assert_conserved(base, subject)
+    assert (p["spent_units"], p["reserved_units"]) == (REPORTED + 30, 0)
+
+
+@pytest.mark.parametrize("exclude", [False, True], ids=["cache reads counted", "cache reads excluded"])
+async def test_cached_prompt_tokens_are_settled_as_cache_reads(
+    base: str, subject: str, route: str, provider: FakeProvider, exclude: bool
+) -> None:
+    """``prompt_tokens`` includes ``cached_tokens``: the settle reports the
+    rest as the input and the cached ones as cache reads, so a policy that
+    excludes cache reads charges the prompt less its cached part."""
+    publish(base, subject, route, burst=BURST, exclude_cache_reads=exclude)
+    provider.reset(Script(input_tokens=1_000, output_tokens=40, cache_read_tokens=900))
+    async with AsyncReservoir(base) as rsv, async_sdk(provider) as sdk:
+        r = await rsv.reserve(subject, route, counted_input_tokens=1_000, max_tokens=4_000)
+        stream = await sdk.chat.completions.create(**request(), stream=True)
+        async with guarded_stream(rsv, r, stream, counted_input_tokens=1_000) as s:
+            async for _ in s:
+                pass
+        expected = (100 if exclude else 1_000) + 40
+        assert s.settled is not None and s.settled.actual_units == expected
+    assert assert_conserved(base, subject)["spent_units"] == expected

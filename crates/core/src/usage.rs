@@ -20,8 +20,8 @@ pub struct Usage {
     /// Input tokens the gateway counted before the call.
     pub counted_input_tokens: Option<Units>,
     /// Input tokens the provider reported (what it bills), cache reads not
-    /// included (Anthropic's `input_tokens`; OpenAI's `prompt_tokens` minus
-    /// `cached_tokens`).
+    /// included (Anthropic's `input_tokens` plus `cache_creation_input_tokens`;
+    /// OpenAI's `prompt_tokens` minus `cached_tokens`).
     pub reported_input_tokens: Option<Units>,
     /// Input tokens the provider read from its prompt cache (Anthropic's
     /// `cache_read_input_tokens`, OpenAI's `cached_tokens`). Counted in the

@@ -8,14 +8,19 @@ body on every try; see :mod:`reservoir_client.retry` for what is retried.
 
 Bearer tokens: ``token=`` is sent as ``Authorization: Bearer <token>`` on every
 request; the ledger's 401 and 403 are :class:`~reservoir_client.errors.Unauthorized`
-and :class:`~reservoir_client.errors.Forbidden`.
+and :class:`~reservoir_client.errors.Forbidden`. Whitespace around the token
+(the newline of a token read from a file) is stripped; a token that is then
+empty or holds anything but visible ASCII is refused with ``ValueError``
+when the client is made.
 
 Emergency shards: with ``fallback=`` a :class:`~reservoir_client.shards.ShardBook`,
 a reserve that reached no ledger (:class:`~reservoir_client.errors.LedgerUnreachable`)
 is admitted from a shard if one fits; its receipt names the shard in
 ``extra["local_shard_id"]``, and its ``start``, ``settle``, ``release`` and
 ``get_reservation`` stay in the book. ``issue_shard`` and ``reconcile_shard``
-ask the ledger for a shard and give its unused units back.
+ask the ledger for a shard and give its unused units back. A pool timeout or
+a request httpx will not send is :class:`~reservoir_client.errors.RequestNotSent`,
+never admitted from a shard.
 
 Cluster mode: with ``cluster_nodes=``, every try goes to the owner learnt for
 its subject/route or reservation (:mod:`reservoir_client.owners`), else to the
@@ -37,7 +42,7 @@ import httpx
 from .errors import LedgerUnreachable, ProblemError, ReservationUnknown, problem_from_response
 from .max_tokens import with_default_max_tokens
 from .owners import SERVED_BY, Owners
-from .retry import RETRYABLE_STATUSES, Attempts, RetryPolicy
+from .retry import CLIENT_SIDE, RETRYABLE_STATUSES, Attempts, RetryPolicy
 from .shards import ReconcileOutcome, ShardBook, ShardDocument
 from .types import PartitionView, Receipt, Usage
 
@@ -56,6 +61,22 @@ def new_reservation_id() -> str:
 def _seg(value: str) -> str:
     """One path segment, with ``/`` and everything else percent-encoded."""
     return quote(value, safe="")
+
+
+def _bearer(token: str) -> str:
+    """The ``Authorization`` value for ``token``, stripped of the whitespace
+    around it (a token file ends with a newline). Anything but visible ASCII
+    left inside cannot be sent in a header (httpx would refuse every try);
+    it is refused here, at once."""
+    stripped = token.strip()
+    if not stripped:
+        raise ValueError("token is empty (pass token=None for a ledger without authentication)")
+    bad = next((c for c in stripped if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"token contains {bad!r} at {stripped.index(bad)}: only visible ASCII can be sent as a bearer token"
+        )
+    return f"Bearer {stripped}"
 
 
 class _Request:
@@ -104,7 +125,7 @@ class _Protocol:
         self.rng = rng or random.Random()
         self.headers = {"accept": "application/json"}
         if token is not None:
-            self.headers["authorization"] = f"Bearer {token}"
+            self.headers["authorization"] = _bearer(token)
         self.policy_cache_ttl_s = policy_cache_ttl_s
         self._max_tokens_cache: dict[tuple[str, str], tuple[float, int | None]] = {}
         self.fallback: ShardBook | None = None
@@ -193,11 +214,20 @@ class _Protocol:
         owner = None if self.owners is None else self.owners.of(request.about, request.route)
         return owner, request.path if owner is None else owner + request.path
 
-    def learn(self, request: _Request, asked: str | None, response: httpx.Response | None) -> None:
+    def learn(
+        self,
+        request: _Request,
+        asked: str | None,
+        response: httpx.Response | None,
+        error: httpx.TransportError | None = None,
+    ) -> None:
         """What an exchange at ``asked`` teaches: a reserve the ledger decided
         (anything but 502/503/504, which decide nothing) starts the shard
         book's count of consecutive failures again; the owner maps learn the
-        owner (see :mod:`.owners`)."""
+        owner (see :mod:`.owners`). A try the client never sent for a reason
+        of its own (a pool timeout, a request httpx refuses) teaches nothing."""
+        if response is None and isinstance(error, CLIENT_SIDE):
+            return
         decided = response is not None and response.status_code not in RETRYABLE_STATUSES
         if self.fallback is not None and decided and request.route is not None:
             self.fallback.note_ledger_reachable()
@@ -224,7 +254,12 @@ class _Protocol:
 
     @staticmethod
     def receipt(response: httpx.Response) -> Receipt:
-        return Receipt.from_json(response.json(), created=response.status_code == 201)
+        limits = {
+            name: value
+            for name, value in response.headers.items()
+            if name.startswith(("ratelimit", "x-ratelimit-"))
+        }
+        return Receipt.from_json(response.json(), created=response.status_code == 201, rate_limits=limits)
 
     @staticmethod
     def policy_body(response: httpx.Response) -> dict[str, Any]:
@@ -329,7 +364,9 @@ class _Protocol:
                 # As the ledger counts it: a reported 0 is a count, not a missing one.
                 reported = usage.reported_input_tokens
                 input_tokens = reported if reported is not None else (usage.counted_input_tokens or 0)
-                used = book.units_used(reservation_id, input_tokens, usage.output_tokens or 0)
+                used = book.units_used(
+                    reservation_id, input_tokens, usage.output_tokens or 0, usage.cache_read_input_tokens or 0
+                )
             ended = book.settle(reservation_id, used)
             new = replace(receipt, state="SETTLED", actual_units=used, held_units=0, created=False)
         else:
@@ -355,6 +392,21 @@ class _Protocol:
         }
         return _Request("POST", "/v1/shards", body)
 
+    @staticmethod
+    def issue_failed(request: _Request, error: Exception) -> None:
+        """An issue that failed once it may have been sent: ``error`` names
+        the shard id it was sent with (``error.shard_id``, and a note), so
+        the caller can repeat it with that id (the ledger answers the same
+        document; a new id would retire ``units`` a second time)."""
+        shard_id = (request.body or {}).get("shard_id")
+        try:
+            setattr(error, "shard_id", shard_id)
+        except AttributeError:  # pragma: no cover - an exception with __slots__
+            pass
+        note = getattr(error, "add_note", None)  # Python 3.11+
+        if callable(note):
+            note(f"issue_shard: repeat with shard_id={shard_id!r}: the shard may have been issued")
+
     def install_issued(self, response: httpx.Response, active_policy: Mapping[str, Any]) -> ShardDocument:
         """The issued shard into the book, in the unit of the policy it was
         carved under (tokens, the conservative reading, if the active policy
@@ -367,6 +419,7 @@ class _Protocol:
             document,
             capacity_unit="requests" if unit == "requests" else "tokens",
             default_max_tokens=self.default_max_tokens(active_policy) if same else None,
+            exclude_cache_reads=same and isinstance(policy, Mapping) and policy.get("exclude_cache_read_input_tokens") is True,
         )
 
     def begin_reconcile(self, shard_id: str) -> ReconcileOutcome | _Request:
@@ -436,7 +489,7 @@ class Reservoir:
                     request.method, url, **self._p.http_kwargs(request, attempts, self._timeout_s)
                 )
             except httpx.TransportError as exc:
-                self._p.learn(request, asked, None)
+                self._p.learn(request, asked, None, exc)
                 delay = attempts.transport_failed(exc)
             else:
                 self._p.learn(request, asked, response)
@@ -512,7 +565,8 @@ class Reservoir:
         """Settle with what the call used; the unused rest goes back, any excess
         becomes debt. ``usage`` teaches the route's estimates and drift; without
         ``actual_units`` the ledger derives every dimension of the policy from
-        it (requests 1, input as reported, output as reported, tokens their sum)."""
+        it (requests 1, input as reported plus cache reads unless the policy
+        excludes them, output as reported, tokens their sum)."""
         local = self._p.local_step(reservation_id, "settle", actual_units=actual_units, usage=usage)
         return local or self._p.receipt(self._send(self._p.settle(reservation_id, actual_units, operation_id, usage)))
 
@@ -529,9 +583,17 @@ class Reservoir:
     def issue_shard(self, subject: str, route: str, units: int, *, ttl_ms: int, shard_id: str | None = None) -> ShardDocument:
         """Asks the ledger for a shard of ``units`` bound to the fallback
         book's gateway and boot epoch, and installs it (retried with the
-        same ``shard_id``: one shard however many tries)."""
-        response = self._send(self._p.issue_shard(subject, route, units, ttl_ms, shard_id))
-        return self._p.install_issued(response, self.policy(subject, route))
+        same ``shard_id``: one shard however many tries). The route's policy
+        (the shard's unit) is read first, so a failure there issues nothing.
+        An error once the issue may have been sent carries ``shard_id`` (made
+        up here when not given): call again with it, not without."""
+        active = self.policy(subject, route)
+        request = self._p.issue_shard(subject, route, units, ttl_ms, shard_id)
+        try:
+            return self._p.install_issued(self._send(request), active)
+        except Exception as error:
+            self._p.issue_failed(request, error)
+            raise
 
     def reconcile_shard(self, shard_id: str) -> ReconcileOutcome:
         """Closes ``shard_id`` for admission and sends its terminal receipts:
@@ -616,7 +678,7 @@ class AsyncReservoir:
                     request.method, url, **self._p.http_kwargs(request, attempts, self._timeout_s)
                 )
             except httpx.TransportError as exc:
-                self._p.learn(request, asked, None)
+                self._p.learn(request, asked, None, exc)
                 delay = attempts.transport_failed(exc)
             else:
                 self._p.learn(request, asked, response)
@@ -697,8 +759,13 @@ class AsyncReservoir:
         self, subject: str, route: str, units: int, *, ttl_ms: int, shard_id: str | None = None
     ) -> ShardDocument:
         """See :meth:`Reservoir.issue_shard`."""
-        response = await self._send(self._p.issue_shard(subject, route, units, ttl_ms, shard_id))
-        return self._p.install_issued(response, await self.policy(subject, route))
+        active = await self.policy(subject, route)
+        request = self._p.issue_shard(subject, route, units, ttl_ms, shard_id)
+        try:
+            return self._p.install_issued(await self._send(request), active)
+        except Exception as error:
+            self._p.issue_failed(request, error)
+            raise
 
     async def reconcile_shard(self, shard_id: str) -> ReconcileOutcome:
         """See :meth:`Reservoir.reconcile_shard`."""

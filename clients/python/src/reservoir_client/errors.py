@@ -1,5 +1,6 @@
-"""Exceptions: the server's problem+json answers, and the two ways a call can
-end without one (the answer was lost, or the ledger was never reached).
+"""Exceptions: the server's problem+json answers, and the three ways a call can
+end without one (the answer was lost, the ledger was never reached, or the
+client could not send the request at all).
 
 Every problem+json answer becomes a :class:`ProblemError` (or the subclass for
 its code) carrying the problem's ``type``, ``code`` (the last segment of the
@@ -23,6 +24,7 @@ __all__ = [
     "NoPolicy",
     "OutcomeUnknown",
     "ProblemError",
+    "RequestNotSent",
     "RequestTooLarge",
     "ReservationUnknown",
     "ReservoirError",
@@ -39,6 +41,11 @@ PROBLEM_BASE = "https://reservoir.dev/problems/"
 
 class ReservoirError(Exception):
     """Base of every error this client raises."""
+
+    #: Set on an error ``issue_shard`` raised once the issue may have been
+    #: sent: the shard id to repeat it with (the ledger answers the shard it
+    #: issued under that id; another id would issue a second one).
+    shard_id: str | None = None
 
 
 class ProblemError(ReservoirError):
@@ -149,8 +156,25 @@ class ReservationUnknown(OutcomeUnknown):
 
 
 class LedgerUnreachable(ReservoirError):
-    """No attempt reached the server (connection refused, DNS, pool timeout):
-    nothing was applied. The caller decides whether to fail open or closed."""
+    """No attempt reached the server, and one failed to connect to it
+    (connection refused, DNS, connect timeout): nothing was applied. The
+    caller decides whether to fail open or closed; a client with a shard book
+    admits from a shard."""
+
+
+class RequestNotSent(ReservoirError):
+    """The client gave up without sending the request, for a reason of its
+    own rather than an unreachable ledger: its connection pool stayed full
+    until the deadline (``httpx.PoolTimeout``, retried meanwhile), or httpx
+    refused to encode the request (``httpx.LocalProtocolError``, e.g. a
+    header value with a newline; not retried). Nothing was applied, and no
+    shard is used. ``cause`` is the last httpx error."""
+
+    def __init__(self, method: str, path: str, cause: BaseException | None) -> None:
+        self.method = method
+        self.path = path
+        self.cause = cause
+        super().__init__(f"{method} {path}: not sent ({cause!r})")
 
 
 _BY_CODE: dict[str, type[ProblemError]] = {

@@ -4,7 +4,7 @@ events into input and output token counts, without I/O.
 Understood, by shape (the SDKs are not imported here):
 
 - Anthropic (``client.messages.stream(...)`` or ``messages.create(stream=True)``):
-  ``message_start`` (model, input tokens incl. cache creation and cache reads,
+  ``message_start`` (model, input tokens incl. cache creation, cache reads,
   initial output count), ``content_block_delta`` (text, tool-input JSON,
   thinking), ``message_delta`` (cumulative ``usage.output_tokens``),
   ``message_stop``. The SDK's derived events (``text``, ``input_json``, ...)
@@ -12,7 +12,14 @@ Understood, by shape (the SDKs are not imported here):
 - OpenAI chat completions (``chat.completions.create(stream=True,
   stream_options={"include_usage": True})``, or the ``chunk`` events of
   ``chat.completions.stream(...)``): ``chat.completion.chunk`` objects; the
-  final one carries ``usage`` (prompt and completion tokens).
+  final one carries ``usage`` (prompt and completion tokens, and the cached
+  prompt tokens in ``prompt_tokens_details``).
+
+Cache reads are kept apart from the reported input, as the ledger takes them
+(:class:`~reservoir_client.types.Usage`): Anthropic's ``input_tokens`` +
+``cache_creation_input_tokens`` is the reported input and its
+``cache_read_input_tokens`` the cache reads; OpenAI's ``prompt_tokens`` less
+``cached_tokens`` the reported input and ``cached_tokens`` the cache reads.
 
 Output tokens are the provider's cumulative usage where it sent one, and, where
 it did not (yet), an estimate from the deltas streamed: OpenAI reports usage
@@ -53,8 +60,11 @@ class StreamMeter:
     counted_input_tokens: int
     estimate_tokens: Callable[[str], int] = default_estimate_tokens
     model: str | None = None
-    #: Input the provider reported (Anthropic: at ``message_start``).
+    #: Input the provider reported, cache reads not included (Anthropic: at
+    #: ``message_start``).
     reported_input_tokens: int | None = None
+    #: Prompt tokens the provider read from its cache, when it said.
+    cache_read_input_tokens: int | None = None
     #: The provider's latest cumulative output count.
     reported_output_tokens: int | None = None
     #: Output estimated from the deltas streamed.
@@ -66,6 +76,7 @@ class StreamMeter:
     #: the iterator was exhausted).
     completed: bool = False
     events: int = field(default=0)
+    _cache_creation_input_tokens: int = field(default=0, init=False, repr=False)
 
     # ------------------------------------------------------------ results
 
@@ -78,12 +89,13 @@ class StreamMeter:
 
     @property
     def input_tokens(self) -> int:
-        """Input to charge: the provider's count if it gave one, nothing if it
-        refused the call, else the gateway's: a stream that ended before its
-        first event for any other reason (a dropped connection, a timeout) may
-        have run, and an unknown use is never counted as unused."""
+        """Input to charge: the provider's count if it gave one (cache reads
+        included, as a policy counts them by default), nothing if it refused
+        the call, else the gateway's: a stream that ended before its first
+        event for any other reason (a dropped connection, a timeout) may have
+        run, and an unknown use is never counted as unused."""
         if self.reported_input_tokens is not None:
-            return self.reported_input_tokens
+            return self.reported_input_tokens + (self.cache_read_input_tokens or 0)
         return 0 if self.refused else self.counted_input_tokens
 
     @property
@@ -106,6 +118,7 @@ class StreamMeter:
             output_tokens=self.output_tokens,
             counted_input_tokens=self.counted_input_tokens,
             reported_input_tokens=self.reported_input_tokens,
+            cache_read_input_tokens=self.cache_read_input_tokens,
         )
 
     # ------------------------------------------------------------ folding
@@ -150,10 +163,17 @@ class StreamMeter:
         output = _int_attr(usage, "output_tokens")
         if output is not None:
             self.reported_output_tokens = max(output, self.reported_output_tokens or 0)
-        parts = [_int_attr(usage, n) for n in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
-        if parts[0] is not None:
-            # Cumulative totals: a later report replaces an earlier one.
-            self.reported_input_tokens = sum(p or 0 for p in parts)
+        # Cumulative totals: a later report replaces an earlier one (a part
+        # it leaves out stays as reported before).
+        creation = _int_attr(usage, "cache_creation_input_tokens")
+        if creation is not None:
+            self._cache_creation_input_tokens = creation
+        read = _int_attr(usage, "cache_read_input_tokens")
+        if read is not None:
+            self.cache_read_input_tokens = read
+        input_tokens = _int_attr(usage, "input_tokens")
+        if input_tokens is not None:
+            self.reported_input_tokens = input_tokens + self._cache_creation_input_tokens
 
     @staticmethod
     def _anthropic_delta_text(delta: Any) -> str | None:
@@ -186,6 +206,9 @@ class StreamMeter:
             if completion is not None:
                 self.reported_output_tokens = completion
             if prompt is not None:
-                self.reported_input_tokens = prompt
+                # prompt_tokens includes the cached ones: the ledger takes them apart.
+                cached = _int_attr(getattr(usage, "prompt_tokens_details", None), "cached_tokens")
+                self.reported_input_tokens = max(0, prompt - (cached or 0))
+                self.cache_read_input_tokens = cached
             # With include_usage the usage chunk is the stream's last.
             self.completed = True

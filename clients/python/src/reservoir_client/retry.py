@@ -8,10 +8,20 @@ deadline. Delays are exponential with full jitter, never past the deadline.
 
 Whether a failed attempt *may have been applied* is tracked: a refused
 connection never reached the server, a read error after the request was sent
-may have, and so may a write answered 503 (a writer that appended and was
-then fenced answers 503). Once any attempt may have been applied, running out of time ends in
+may have, and so may a write answered 502, 503 or 504 (a writer that
+appended and was then fenced answers 503; a proxy whose read timeout is
+shorter than the ledger's answer answers 502 or 504 after forwarding it).
+Once any attempt may have been applied, running out of time ends in
 :class:`~reservoir_client.errors.OutcomeUnknown` (``ReservationUnknown`` for a
 reserve) rather than in a plain transport error.
+
+An attempt that was never sent for a reason of the client's own is not a
+sign of an unreachable ledger: a pool timeout (its connection pool stayed
+full) is retried, and a request httpx refuses to encode
+(``LocalProtocolError``) is not; either ends in
+:class:`~reservoir_client.errors.RequestNotSent` unless some try failed to
+connect (:class:`~reservoir_client.errors.LedgerUnreachable`, which a shard
+book admits from).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from .errors import (
     LedgerUnreachable,
     OutcomeUnknown,
     ProblemError,
+    RequestNotSent,
     ReservationUnknown,
     ReservoirError,
 )
@@ -64,9 +75,21 @@ class RetryPolicy:
             raise ValueError("deadline and backoffs must be positive")
 
 
-def _not_sent(exc: httpx.TransportError) -> bool:
-    """Errors raised before any byte of the request left: nothing was applied."""
-    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol))
+#: Errors raised before any byte of the request left: nothing was applied.
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,
+)
+#: Of those, the ones that say the ledger could not be reached.
+_UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)
+#: Of those, the client's own: they tell nothing about the ledger.
+CLIENT_SIDE = (httpx.PoolTimeout, httpx.LocalProtocolError)
+#: Of those, the ones no retry can help: httpx refused to encode the request
+#: (a header value with a newline, ...), and will again.
+_UNSENDABLE = (httpx.LocalProtocolError,)
 
 
 class Attempts:
@@ -93,6 +116,8 @@ class Attempts:
         self.reservation_id = reservation_id
         self.tries = 0
         self.maybe_applied = False
+        #: Some try failed to connect to the ledger.
+        self.unreachable = False
         self.last: BaseException | None = None
 
     def remaining(self) -> float:
@@ -113,17 +138,22 @@ class Attempts:
     def transport_failed(self, exc: httpx.TransportError) -> float | None:
         self.tries += 1
         self.last = exc
-        if not _not_sent(exc):
+        if not isinstance(exc, _NOT_SENT):
             self.maybe_applied = True
+        if isinstance(exc, _UNREACHABLE):
+            self.unreachable = True
+        if isinstance(exc, _UNSENDABLE):
+            return None
         return self._backoff(None)
 
     def answered(self, problem: ProblemError) -> float | None:
         """A definite answer; the delay before retrying it, or None to stop."""
         self.tries += 1
         self.last = problem
-        if problem.status == 503 and self.method == "POST":
-            # A writer that appended and was then fenced answers 503: the
-            # step may have happened (as the Rust client reads it).
+        if problem.status in RETRYABLE_STATUSES and self.method == "POST":
+            # A writer that appended and was then fenced answers 503 (as the
+            # Rust client reads it), a proxy that forwarded the request and
+            # gave up waiting 502 or 504: the step may have happened.
             self.maybe_applied = True
         if problem.status in RETRYABLE_STATUSES:
             return self._backoff(problem.retry_after)
@@ -145,6 +175,8 @@ class Attempts:
             ):
                 return ReservationUnknown(self.reservation_id, self.path, self.body, last)
             return OutcomeUnknown(self.method, self.path, self.body, last)
+        if not self.unreachable:
+            return RequestNotSent(self.method, self.path, last)
         return LedgerUnreachable(f"{self.method} {self.path}: ledger unreachable after {self.tries} tries ({last!r})")
 
     def _unknown_after(self, problem: ProblemError) -> bool:

@@ -149,7 +149,10 @@ class ShardDocument:
 class ShardRefused(Exception):
     """A shard not taken into the book. ``reason``: ``bad_signature``,
     ``other_gateway``, ``other_boot_epoch``, ``expired``, ``duplicate`` or
-    ``bad_key``."""
+    ``bad_key``. ``shard_id`` is set when ``issue_shard`` got a document the
+    book refused (the ledger issued it)."""
+
+    shard_id: str | None = None
 
     def __init__(self, reason: str, detail: str) -> None:
         self.reason = reason
@@ -227,6 +230,8 @@ class _Entry:
     books: ShardBooks
     capacity_unit: CapacityUnit
     default_max_tokens: int | None
+    #: The policy leaves cache-read input tokens out of its input dimensions.
+    exclude_cache_reads: bool = False
     #: Open local reservations: id → held units.
     open: dict[str, int] = field(default_factory=dict)
     receipts: list[LocalReceipt] = field(default_factory=list)
@@ -286,8 +291,11 @@ class ShardBook:
         *,
         capacity_unit: CapacityUnit = "tokens",
         default_max_tokens: int | None = None,
+        exclude_cache_reads: bool = False,
     ) -> ShardDocument:
-        """Takes a shard into the book after checking its signature and binding."""
+        """Takes a shard into the book after checking its signature and binding.
+        ``capacity_unit``, ``default_max_tokens`` and ``exclude_cache_reads``
+        (``exclude_cache_read_input_tokens``) are its policy's."""
         doc = document if isinstance(document, ShardDocument) else ShardDocument.from_json(document)
         if not doc.verify(self._key):
             raise ShardRefused("bad_signature", "the signature does not verify against the ledger's key")
@@ -302,7 +310,7 @@ class ShardBook:
         with self._lock:
             if doc.shard_id in self._shards:
                 raise ShardRefused("duplicate", f"shard {doc.shard_id} is already in the book")
-            self._shards[doc.shard_id] = _Entry(doc, books, capacity_unit, default_max_tokens)
+            self._shards[doc.shard_id] = _Entry(doc, books, capacity_unit, default_max_tokens, exclude_cache_reads)
         return doc
 
     def books(self, shard_id: str) -> ShardBooks | None:
@@ -369,13 +377,20 @@ class ShardBook:
             return None  # no bound on its output: not admitted offline
         return (counted_input or 0) + output
 
-    def units_used(self, reservation_id: str, input_tokens: int, output_tokens: int) -> int:
-        """What a local call with this usage spent, in its shard's unit."""
+    def units_used(
+        self, reservation_id: str, input_tokens: int, output_tokens: int, cache_read_input_tokens: int = 0
+    ) -> int:
+        """What a local call with this usage spent, in its shard's unit (cache
+        reads counted as input unless its policy excludes them, as the ledger
+        counts them)."""
         with self._lock:
             for entry in self._shards.values():
                 if reservation_id in entry.open:
-                    return 1 if entry.capacity_unit == "requests" else input_tokens + output_tokens
-        return input_tokens + output_tokens
+                    if entry.capacity_unit == "requests":
+                        return 1
+                    reads = 0 if entry.exclude_cache_reads else cache_read_input_tokens
+                    return input_tokens + reads + output_tokens
+        return input_tokens + cache_read_input_tokens + output_tokens
 
     def settle(self, reservation_id: str, used_units: int) -> bool:
         """Ends an open local reservation with what it used (False: not open here)."""

@@ -16,8 +16,8 @@ completed, the provider failed mid-stream, the task was cancelled, or the
 consumer stopped reading (its client hung up) — the provider stream is closed
 (so the provider stops generating) and the reservation settled with
 ``input + output`` as the :class:`~reservoir_client.meter.StreamMeter` counted
-them, with the usage (model, counted and reported input, output) recorded for
-the route's estimates and drift. Tokens that streamed are never refunded. The
+them, with the usage (model, counted and reported input, cache reads, output)
+recorded for the route's estimates and drift. Tokens that streamed are never refunded. The
 settle runs shielded from cancellation (anyio), so a cancelled gateway task
 still settles, within the client's retry deadline.
 

@@ -8,6 +8,7 @@ fields that older or newer servers may omit are optional.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -174,6 +175,12 @@ class Receipt:
     would_refuse: WouldRefuse | None = None
     created: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The answer's rate-limit headers (``ratelimit``, ``ratelimit-policy``,
+    #: ``x-ratelimit-{limit,remaining,reset}-<dimension>``, names in lower
+    #: case), for a gateway to pass on to its own clients; empty on a receipt
+    #: from a shard book. The subject's numbers at the time of the answer,
+    #: not the reservation's, so not compared.
+    rate_limits: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     _KNOWN = frozenset(
         {
@@ -202,7 +209,9 @@ class Receipt:
         return self.state in TERMINAL_STATES
 
     @classmethod
-    def from_json(cls, body: Mapping[str, Any], *, created: bool = False) -> Receipt:
+    def from_json(
+        cls, body: Mapping[str, Any], *, created: bool = False, rate_limits: Mapping[str, str] | None = None
+    ) -> Receipt:
         sizing = body.get("sizing")
         position = body.get("log_position")
         refuse = body.get("would_refuse")
@@ -227,27 +236,53 @@ class Receipt:
             would_refuse=WouldRefuse.from_json(refuse) if isinstance(refuse, Mapping) else None,
             created=created,
             extra=_rest(body, cls._KNOWN),
+            rate_limits=dict(rate_limits or {}),
         )
+
+
+#: What the ledger accepts as a usage's model (its id rule); it refuses a
+#: settle naming any other model with 422.
+_MODEL_ID = re.compile(r"[A-Za-z0-9._:/@-]{1,128}")
+
+
+def _valid_model(model: str) -> bool:
+    """Whether the ledger accepts ``model`` as a usage's model: 1 to 128 of
+    ``A-Z a-z 0-9 . _ : / @ -``."""
+    return _MODEL_ID.fullmatch(model) is not None
 
 
 @dataclass(frozen=True)
 class Usage:
     """What a call used, sent with a settle so the route's output estimates and
-    input drift learn from it. The ledger moves ``actual_units`` only."""
+    input drift learn from it; without ``actual_units`` the ledger derives
+    every dimension from it.
+
+    ``reported_input_tokens`` is the provider's input count without cache
+    reads (Anthropic: ``input_tokens`` + ``cache_creation_input_tokens``;
+    OpenAI: ``prompt_tokens`` less ``prompt_tokens_details.cached_tokens``),
+    ``cache_read_input_tokens`` the prompt tokens read from the provider's
+    cache: the ledger counts them as input unless the policy sets
+    ``exclude_cache_read_input_tokens``. A ``model`` the ledger would refuse
+    (anything but 1 to 128 of ``A-Z a-z 0-9 . _ : / @ -``, e.g. a local
+    server's ``"Qwen2.5 7B Instruct (Q4_K_M)"``) is left out of the body, as
+    the Rust client does, so the settle still goes through."""
 
     model: str | None = None
     output_tokens: int | None = None
     counted_input_tokens: int | None = None
     reported_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        model = self.model if self.model is not None and _valid_model(self.model) else None
         return {
             k: v
             for k, v in (
-                ("model", self.model),
+                ("model", model),
                 ("output_tokens", self.output_tokens),
                 ("counted_input_tokens", self.counted_input_tokens),
                 ("reported_input_tokens", self.reported_input_tokens),
+                ("cache_read_input_tokens", self.cache_read_input_tokens),
             )
             if v is not None
         }
