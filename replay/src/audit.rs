@@ -244,7 +244,7 @@ impl<'w> Statement<'w> {
             .map_or("", |p| p.limit(index).dimension.name());
         let key_text = a.key.to_string();
         if in_range {
-            self.summary.count(&a.event.body);
+            self.summary.count(a.event, index.checked_sub(1));
         }
         // The balances at the start and the end of the range, whether or not
         // rows are printed.

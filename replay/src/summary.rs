@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use reservoir_core::{EventBody, Ledger};
+use reservoir_core::{DimensionAmounts, Event, EventBody, Ledger};
 use serde::Serialize;
 
 /// Totals over the rows of the statement.
@@ -49,10 +49,62 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Counts one event of the range.
-    pub(crate) fn count(&mut self, body: &EventBody) {
+    /// Counts one event of the range, in the statement's dimension: the
+    /// primary one (`further: None`) from the body, a further one from the
+    /// event's amounts for it (shards carve the primary dimension only, so
+    /// their units count there alone; the shards themselves count in both).
+    pub(crate) fn count(&mut self, event: &Event, further: Option<usize>) {
         let s = self;
         s.events += 1;
+        let Some(i) = further else {
+            return s.count_primary(&event.body);
+        };
+        match (&event.body, event.further.get(i)) {
+            (EventBody::Reserved { .. }, Some(&DimensionAmounts::Reserved { held_units, .. })) => {
+                s.reservations += 1;
+                s.reserved_units += held_units;
+            }
+            // A dimension of a policy published after the reservation: nothing held.
+            (EventBody::Reserved { .. }, _) => s.reservations += 1,
+            (
+                EventBody::Settled { .. },
+                Some(&DimensionAmounts::Settled {
+                    actual_units,
+                    refunded_units,
+                    overdraft_units,
+                    ..
+                }),
+            ) => {
+                s.spent_units += actual_units;
+                s.refunded_units += refunded_units;
+                s.overdraft_issued_units += overdraft_units;
+            }
+            (EventBody::Released { .. }, Some(&DimensionAmounts::Refunded { refunded_units })) => {
+                s.refunded_units += refunded_units
+            }
+            (EventBody::Expired { .. }, Some(&DimensionAmounts::Refunded { refunded_units })) => {
+                s.expired_units += refunded_units
+            }
+            (
+                EventBody::Refilled { .. },
+                Some(&DimensionAmounts::Refilled {
+                    minted_units,
+                    repaid_units,
+                    ..
+                }),
+            ) => {
+                s.minted_units += minted_units;
+                s.overdraft_repaid_units += repaid_units;
+            }
+            (EventBody::AdmissionRefused { .. }, _) => s.refusals += 1,
+            (EventBody::ShardIssued { .. }, _) => s.shards_issued += 1,
+            (EventBody::ShardReminted { .. }, _) => s.shards_reconciled += 1,
+            _ => {}
+        }
+    }
+
+    fn count_primary(&mut self, body: &EventBody) {
+        let s = self;
         match body {
             EventBody::Reserved { held_units, .. } => {
                 s.reservations += 1;

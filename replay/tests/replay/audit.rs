@@ -205,6 +205,17 @@ async fn a_statement_cut_in_one_dimension() {
                 "{dimension} {term}"
             );
         }
+        // The flows summed from the rows are this dimension's too: over the
+        // whole log they are its ledger's terms.
+        for (flow, term) in [
+            ("spent_units", Term::Spent),
+            ("minted_units", Term::Minted),
+            ("overdraft_issued_units", Term::OverdraftIssued),
+            ("overdraft_repaid_units", Term::OverdraftRepaid),
+        ] {
+            assert_eq!(summary[flow], balances.get(term), "{dimension} {flow}");
+        }
+        assert_eq!(summary["reservations"], 2, "{dimension}");
     }
     // The output dimension owes what the second call overdrew (less what
     // refill repaid in the milliseconds since); the others owe nothing.
