@@ -377,7 +377,9 @@ async fn a_reconcile_takes_thousands_of_receipts_and_refuses_impossible_ones() {
     let receipts: Vec<Value> = (0..3_000)
         .map(|i| receipt(&format!("local-call-{i:06}"), "SETTLED", 1))
         .collect();
-    let size = reconcile_body(&doc, "gw-1", 7, receipts.clone()).to_string().len();
+    let size = reconcile_body(&doc, "gw-1", 7, receipts.clone())
+        .to_string()
+        .len();
     assert!(size > 3 * 64 * 1024, "{size} bytes");
     let (status, outcome) = reconcile(&s, &doc, receipts).await;
     assert_eq!(status, StatusCode::CREATED, "{outcome}");
