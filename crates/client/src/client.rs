@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::background::Background;
 use crate::error::Error;
-use crate::fallback::Fallback;
+use crate::fallback::{Fallback, NotAdmitted};
 use crate::http::{problem, rejected, Exchange};
 use crate::lease::{Hold, Reservation};
 use crate::owners::{About, Owners};
@@ -190,7 +190,10 @@ impl Client {
         }
     }
 
-    /// The ledger was never reached: ask the fallback, if any, for a local hold.
+    /// The ledger was never reached: ask the fallback, if any, for a local
+    /// hold. Only for a route whose settings were read before: the hold
+    /// settles in the route's capacity unit, and a guessed one would settle
+    /// a call of a route counted in requests as its tokens.
     fn fall_back(
         &self,
         id: ReservationId,
@@ -201,27 +204,23 @@ impl Client {
         let Some(fallback) = &self.inner.fallback else {
             return Err(Error::Unavailable(why));
         };
-        let cached = route.or_else(|| self.cached_route(&request.subject, &request.route));
-        match fallback.reserve(&id, &request, cached.as_ref()) {
-            Some(hold) => {
-                metrics::counter!("reservoir_client_fallback_admissions_total").increment(1);
-                let route = cached.unwrap_or_else(|| RouteInfo {
-                    subject: request.subject.clone(),
-                    route: request.route.clone(),
-                    policy_generation: 0,
-                    default_max_tokens: None,
-                    priority: 0,
-                    capacity_unit: crate::CapacityUnit::Tokens,
-                });
-                Ok(Reservation::new(
-                    self.clone(),
-                    request,
-                    route,
-                    Hold::Local { id, hold },
-                ))
-            }
-            None => Err(Error::Unavailable(why)),
-        }
+        let not_admitted = |reason: NotAdmitted| {
+            Error::Unavailable(format!("{why}; not admitted locally: {reason}"))
+        };
+        let Some(route) = route.or_else(|| self.cached_route(&request.subject, &request.route))
+        else {
+            return Err(not_admitted(NotAdmitted::RouteUnknown));
+        };
+        let hold = fallback
+            .admit(&id, &request, &route)
+            .map_err(not_admitted)?;
+        metrics::counter!("reservoir_client_fallback_admissions_total").increment(1);
+        Ok(Reservation::new(
+            self.clone(),
+            request,
+            route,
+            Hold::Local { id, hold },
+        ))
     }
 
     /// `POST /v1/reservations` with `id`, retried with the same id and body.

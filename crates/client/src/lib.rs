@@ -52,7 +52,7 @@ mod usage;
 
 pub use client::{Client, ClientBuilder};
 pub use error::Error;
-pub use fallback::{Fallback, LocalHold};
+pub use fallback::{Fallback, LocalHold, NotAdmitted};
 pub use lease::{Lease, Reservation, Settled};
 pub use retry::{Backoff, RetryPolicy};
 pub use scheduler::{

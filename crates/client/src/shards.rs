@@ -7,40 +7,63 @@
 //! Per shard, after every local operation (a broken equation panics, as the
 //! ledger's own do):
 //! `allocated = localAvailable + localReserved + localSpent + localRetired`.
-//! Reserve moves available → reserved; settle moves the held units to spent
-//! (what the call used, at most what it held; use above the hold is counted
-//! apart as `overspent` and reported in full, so the ledger records it as
-//! debt) and the rest back to available; release moves them back; a call
-//! whose usage is unknown moves its hold to retired (never unused). An
-//! expired shard's available moves to retired.
+//! Reserve moves available → reserved; settle moves what the call used to
+//! spent as the ledger's own settle does: from its hold, then, for use above
+//! the hold, from available; what is still missing is owed (`overspent`,
+//! outside the equation), and the unused part of the hold goes back to
+//! available. Release moves the hold back; a call whose usage is unknown
+//! moves its hold to retired (never unused). An expired shard's available
+//! moves to retired. A call's use is taken as at most [`MAX_UNITS`], the
+//! most the ledger accepts, and each receipt reports it in full up to that:
+//! the ledger sums the receipts itself, and records what is beyond the
+//! shard as debt.
 //!
 //! What admits nothing: a shard whose signature does not verify against the
 //! ledger's public key, one bound to another gateway id, one from another
 //! boot epoch (a restarted process cannot inherit its predecessor's shards),
-//! an expired one, and one being reconciled. Without a usable shard the
-//! client refuses (fails closed). The client consults its fallback only when
-//! no reserve attempt reached the ledger before the retry deadline (the
-//! timeout); [`ShardBook::with_min_failures`] adds a number of such
-//! consecutive failures before the first local admission (a reserve the
-//! ledger answered, through [`Fallback::ledger_answered`], starts the count
-//! over).
+//! an expired one, one being reconciled, and one that owes (as the ledger
+//! admits nothing while a partition is in debt). Nor is a reservation id
+//! admitted twice (a second receipt under one id fails the reconcile).
+//! Without a usable shard the client refuses (fails closed,
+//! naming the reason: [`NotAdmitted`]). The client consults its fallback
+//! only when no reserve attempt reached the ledger before the retry deadline
+//! (the timeout), and only for a route whose settings it read before;
+//! [`ShardBook::with_min_failures`] adds a number of such consecutive
+//! failures before the first local admission (a reserve the ledger answered,
+//! through [`Fallback::ledger_answered`], starts the count over).
 //!
-//! Reconcile ([`ShardBook::reconcile`]) closes the shard for admission, then
-//! sends its terminal receipts; a lost answer is retried with the same body
-//! and the ledger answers the recorded outcome (reminting once).
+//! Issue ([`ShardBook::issue`]) names the shard it asks for, so a lost
+//! answer is asked again under the same id and the ledger answers the shard
+//! it issued, never a second one. Reconcile ([`ShardBook::reconcile`])
+//! closes the shard for admission, then sends its terminal receipts; a lost
+//! answer is retried with the same body and the ledger answers the recorded
+//! outcome (reminting once).
+//!
+//! The book's lock: a panic while it is held (only a broken invariant
+//! panics, and no input can cause one) would poison it; the next call checks
+//! every shard's books again and goes on with them, rather than every later
+//! call panicking too.
 //!
 //! The canonical bytes signed over are the server's
 //! (`reservoir_server::shards::ShardDocument::canonical`); the client's
 //! tests verify shards the real server signed.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
-use crate::fallback::{Fallback, LocalHold};
+use crate::fallback::{Fallback, LocalHold, NotAdmitted};
+use crate::retry::{Backoff, RetryPolicy};
 use crate::types::{ReservationId, ReserveRequest, RouteInfo, Settlement, Sizing};
+
+/// The most a local call's use counts (the ledger's own bound on an amount,
+/// `reservoir_core::policy::MAX_UNITS`: exact in every JSON number, and far
+/// from overflowing a sum of a few). A provider that reports more is taken
+/// at this.
+pub const MAX_UNITS: u64 = 1 << 53;
 
 /// The ledger partition a shard came from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,7 +150,9 @@ pub struct ShardBooks {
     pub local_reserved_units: u64,
     pub local_spent_units: u64,
     pub local_retired_units: u64,
-    /// Use reported beyond holds (not in the equation: the ledger records it as debt).
+    /// Use beyond a call's hold that the shard's available units did not
+    /// cover: owed (not in the equation; the ledger records it as debt at
+    /// reconcile). Above 0, the shard admits nothing.
     pub overspent_units: u64,
 }
 
@@ -196,11 +221,41 @@ struct Entry {
     phase: Phase,
 }
 
+impl Entry {
+    /// The equation, and the open holds are the reserved units.
+    fn check(&self) {
+        self.books.check();
+        let open: u128 = self.open.values().map(|&units| u128::from(units)).sum();
+        assert_eq!(
+            open,
+            u128::from(self.books.local_reserved_units),
+            "shard {}: open holds are not its reserved units: {:?}",
+            self.document.shard_id,
+            self.books
+        );
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     shards: BTreeMap<String, Entry>,
+    /// Every reservation id admitted locally (open or finished) → its shard.
+    admitted: BTreeMap<String, String>,
     /// Fallback calls since the ledger was last known reachable.
     failures: u32,
+}
+
+/// The book's state (see the module docs on a poisoned lock): a shard
+/// whose books are broken panics here again, as every broken equation does.
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|poisoned| {
+        let guard = poisoned.into_inner();
+        for entry in guard.shards.values() {
+            entry.check();
+        }
+        state.clear_poison();
+        guard
+    })
 }
 
 /// Why a reconcile did not finish.
@@ -225,6 +280,8 @@ pub struct ShardBook {
     key: VerifyingKey,
     min_failures: u32,
     now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// How long and how often [`ShardBook::issue`] asks again.
+    retry: RetryPolicy,
     state: Arc<Mutex<State>>,
 }
 
@@ -255,6 +312,7 @@ impl ShardBook {
             key,
             min_failures: 1,
             now_ms: Arc::new(system_now_ms),
+            retry: RetryPolicy::default(),
             state: Arc::default(),
         })
     }
@@ -271,9 +329,19 @@ impl ShardBook {
         self
     }
 
+    /// How [`ShardBook::issue`] retries a lost answer (default: the client's
+    /// default, [`RetryPolicy::default`]).
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
     /// The ledger answered: the count of consecutive failures starts again.
+    /// Called after every reserve the ledger decided, so it never panics,
+    /// even on a book whose lock is poisoned: it touches no shard's books.
     pub fn note_ledger_reachable(&self) {
-        self.state.lock().expect("shard book lock").failures = 0;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.failures = 0;
     }
 
     /// Takes a shard into the book after checking its signature and binding.
@@ -290,7 +358,7 @@ impl ShardBook {
         if (self.now_ms)() >= document.expires_at_ms {
             return Err(ShardRefused::Expired);
         }
-        let mut state = self.state.lock().expect("shard book lock");
+        let mut state = lock(&self.state);
         if state.shards.contains_key(&document.shard_id) {
             return Err(ShardRefused::Duplicate(document.shard_id));
         }
@@ -313,9 +381,38 @@ impl ShardBook {
         Ok(())
     }
 
-    /// Asks the ledger for a shard bound to this process and installs it.
+    /// A fresh shard id (`sh-` and 32 hex digits, as the ledger picks its
+    /// own), for [`ShardBook::issue_as`].
+    pub fn new_shard_id() -> String {
+        format!("sh-{:032x}", fastrand::u128(..))
+    }
+
+    /// Asks the ledger for a shard bound to this process and installs it,
+    /// under a fresh id (see [`ShardBook::issue_as`]).
     pub async fn issue(
         &self,
+        http: &reqwest::Client,
+        base_url: &str,
+        subject: &str,
+        route: &str,
+        units: u64,
+        ttl_ms: u64,
+    ) -> Result<ShardDocument, ReconcileError> {
+        let shard_id = Self::new_shard_id();
+        self.issue_as(&shard_id, http, base_url, subject, route, units, ttl_ms)
+            .await
+    }
+
+    /// The same under `shard_id`. A lost answer (none, or a 503) is asked
+    /// again with the same id and body until the retry policy's deadline
+    /// ([`ShardBook::with_retry`]); the ledger answers the shard it issued
+    /// under that id, so a retry never issues a second one. After an
+    /// [`ReconcileError::Unavailable`] the shard may be issued: ask again
+    /// with the same id.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn issue_as(
+        &self,
+        shard_id: &str,
         http: &reqwest::Client,
         base_url: &str,
         subject: &str,
@@ -326,10 +423,27 @@ impl ShardBook {
         let body = serde_json::json!({
             "subject": subject, "route": route, "units": units,
             "gateway_id": self.gateway_id, "gateway_boot_epoch": self.boot_epoch,
-            "ttl_ms": ttl_ms,
+            "ttl_ms": ttl_ms, "shard_id": shard_id,
         });
         let url = format!("{}/v1/shards", base_url.trim_end_matches('/'));
-        let (status, text) = post_for_success(http, url, &body).await?;
+        let deadline = Instant::now() + self.retry.deadline;
+        let mut backoff = Backoff::new(self.retry.clone());
+        let (status, text) = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = left.min(self.retry.attempt_timeout);
+            let why = match post_for_success(http, &url, &body, Some(timeout)).await {
+                Err(ReconcileError::Unavailable(why)) => why,
+                answered => break answered?,
+            };
+            let wait = backoff.next_delay();
+            if wait >= deadline.saturating_duration_since(Instant::now()) {
+                return Err(ReconcileError::Unavailable(format!(
+                    "{why} (shard {shard_id} may have been issued: ask again under its id)"
+                )));
+            }
+            tracing::debug!(shard_id, %why, "issue: asking again under the same shard id");
+            tokio::time::sleep(wait).await;
+        };
         let document: ShardDocument =
             serde_json::from_str(&text).map_err(|e| ReconcileError::Refused {
                 status,
@@ -345,13 +459,13 @@ impl ShardBook {
 
     /// One shard's books (`None`: not in the book).
     pub fn books(&self, shard_id: &str) -> Option<ShardBooks> {
-        let state = self.state.lock().expect("shard book lock");
+        let state = lock(&self.state);
         state.shards.get(shard_id).map(|e| e.books)
     }
 
     /// The shard that holds the open local call `reservation_id`, if any.
     pub fn holder_of(&self, reservation_id: &str) -> Option<String> {
-        let state = self.state.lock().expect("shard book lock");
+        let state = lock(&self.state);
         state
             .shards
             .iter()
@@ -361,7 +475,7 @@ impl ShardBook {
 
     /// The terminal receipts a reconcile of `shard_id` would send.
     pub fn receipts(&self, shard_id: &str) -> Vec<LocalReceipt> {
-        let state = self.state.lock().expect("shard book lock");
+        let state = lock(&self.state);
         state
             .shards
             .get(shard_id)
@@ -371,7 +485,7 @@ impl ShardBook {
 
     /// A local call whose usage cannot be known: its hold stays retired.
     pub fn mark_usage_unknown(&self, reservation_id: &str) -> bool {
-        let mut state = self.state.lock().expect("shard book lock");
+        let mut state = lock(&self.state);
         for entry in state.shards.values_mut() {
             if let Some(held) = entry.open.remove(reservation_id) {
                 entry.books.local_reserved_units -= held;
@@ -381,7 +495,7 @@ impl ShardBook {
                     state: "USAGE_UNKNOWN".into(),
                     used_units: held,
                 });
-                entry.books.check();
+                entry.check();
                 return true;
             }
         }
@@ -394,7 +508,7 @@ impl ShardBook {
             if now_ms >= entry.document.expires_at_ms && entry.books.local_available_units > 0 {
                 entry.books.local_retired_units += entry.books.local_available_units;
                 entry.books.local_available_units = 0;
-                entry.books.check();
+                entry.check();
             }
         }
     }
@@ -417,7 +531,7 @@ impl ShardBook {
             "{}/v1/shards/{shard_id}/reconcile",
             base_url.trim_end_matches('/')
         );
-        let (status, text) = post_for_success(http, url, &body).await?;
+        let (status, text) = post_for_success(http, &url, &body, None).await?;
         let outcome: ReconcileOutcome =
             serde_json::from_str(&text).map_err(|e| ReconcileError::Refused {
                 status,
@@ -433,8 +547,9 @@ impl ShardBook {
     /// body of `POST /v1/shards/{id}/reconcile`, the same on every call
     /// until [`ShardBook::note_reconciled`]; after it, the recorded outcome.
     pub fn begin_reconcile(&self, shard_id: &str) -> Result<Reconcile, ReconcileError> {
-        let mut state = self.state.lock().expect("shard book lock");
-        Self::retire_expired(&mut state, (self.now_ms)());
+        let now = (self.now_ms)();
+        let mut state = lock(&self.state);
+        Self::retire_expired(&mut state, now);
         let entry = state
             .shards
             .get_mut(shard_id)
@@ -457,7 +572,7 @@ impl ShardBook {
     /// The second half: the ledger's answer to the body
     /// [`ShardBook::begin_reconcile`] gave, kept for later calls.
     pub fn note_reconciled(&self, shard_id: &str, outcome: ReconcileOutcome) {
-        let mut state = self.state.lock().expect("shard book lock");
+        let mut state = lock(&self.state);
         state.failures = 0;
         if let Some(entry) = state.shards.get_mut(shard_id) {
             entry.phase = Phase::Reconciled(outcome);
@@ -471,11 +586,13 @@ impl ShardBook {
     /// output is not admitted offline, nor one whose route was never read:
     /// a shard's document does not name its unit, and sizing a call of a
     /// route that counts requests in tokens would take a thousand requests
-    /// for one call (and settle it in tokens).
-    fn units_of(request: &ReserveRequest, route: Option<&RouteInfo>) -> Option<u64> {
-        match (request.sizing, route) {
+    /// for one call (and settle it in tokens). Units without a route are
+    /// taken as given, in the shard's unit (a caller that sizes its calls
+    /// itself, as the simulator does; the client always passes the route).
+    fn units_of(request: &ReserveRequest, route: Option<&RouteInfo>) -> Result<u64, NotAdmitted> {
+        let units = match (request.sizing, route) {
             (Sizing::Units(units), _) => Some(units),
-            (Sizing::Tokens { .. }, None) => None,
+            (Sizing::Tokens { .. }, None) => return Err(NotAdmitted::RouteUnknown),
             (Sizing::Tokens { .. }, Some(r))
                 if r.capacity_unit == crate::CapacityUnit::Requests =>
             {
@@ -487,8 +604,82 @@ impl ShardBook {
                     max_tokens,
                 },
                 Some(r),
-            ) => counted_input_tokens.checked_add(max_tokens.or(r.default_max_tokens)?),
+            ) => max_tokens
+                .or(r.default_max_tokens)
+                .and_then(|output| counted_input_tokens.checked_add(output)),
+        };
+        units.filter(|&u| u > 0).ok_or(NotAdmitted::Unsized)
+    }
+
+    /// A local hold for `request` under `id` (the id the ledger would have
+    /// had), or why none ([`Fallback::reserve`] and [`Fallback::admit`]
+    /// answer this). `route`: the route's settings, if read.
+    pub fn admit_local(
+        &self,
+        id: &ReservationId,
+        request: &ReserveRequest,
+        route: Option<&RouteInfo>,
+    ) -> Result<Box<dyn LocalHold>, NotAdmitted> {
+        let units = Self::units_of(request, route)?;
+        let now = (self.now_ms)();
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        state.failures = state.failures.saturating_add(1);
+        if state.failures < self.min_failures {
+            return Err(NotAdmitted::TooFewFailures {
+                failures: state.failures,
+                min_failures: self.min_failures,
+            });
         }
+        Self::retire_expired(state, now);
+        if let Some(shard_id) = state.admitted.get(id.as_str()) {
+            return Err(NotAdmitted::ReservationIdReused {
+                reservation_id: id.as_str().to_string(),
+                shard_id: shard_id.clone(),
+            });
+        }
+        let serves = |e: &Entry| {
+            let k = &e.document.partition_key;
+            matches!(e.phase, Phase::Active)
+                && k.subject == request.subject
+                && k.route == request.route
+                && e.document.gateway_id == self.gateway_id
+                && e.document.gateway_boot_epoch == self.boot_epoch
+                && now < e.document.expires_at_ms
+        };
+        let found = state.shards.iter_mut().find(|(_, e)| {
+            serves(e) && e.books.overspent_units == 0 && e.books.local_available_units >= units
+        });
+        let Some((shard_id, entry)) = found else {
+            let owing = state
+                .shards
+                .iter()
+                .find(|(_, e)| serves(e) && e.books.overspent_units > 0);
+            return Err(match owing {
+                Some((shard_id, e)) => NotAdmitted::ShardOwes {
+                    shard_id: shard_id.clone(),
+                    overspent_units: e.books.overspent_units,
+                },
+                None => NotAdmitted::NoShard {
+                    subject: request.subject.clone(),
+                    route: request.route.clone(),
+                    units,
+                },
+            });
+        };
+        entry.books.local_available_units -= units;
+        entry.books.local_reserved_units += units;
+        entry.open.insert(id.as_str().to_string(), units);
+        entry.check();
+        state
+            .admitted
+            .insert(id.as_str().to_string(), shard_id.clone());
+        Ok(Box::new(ShardHold {
+            state: self.state.clone(),
+            shard_id: shard_id.clone(),
+            reservation_id: id.as_str().to_string(),
+            units,
+        }))
     }
 }
 
@@ -503,35 +694,16 @@ impl Fallback for ShardBook {
         request: &ReserveRequest,
         route: Option<&RouteInfo>,
     ) -> Option<Box<dyn LocalHold>> {
-        let units = Self::units_of(request, route).filter(|&u| u > 0)?;
-        let now = (self.now_ms)();
-        let mut state = self.state.lock().expect("shard book lock");
-        state.failures = state.failures.saturating_add(1);
-        if state.failures < self.min_failures {
-            return None;
-        }
-        Self::retire_expired(&mut state, now);
-        let (shard_id, entry) = state.shards.iter_mut().find(|(_, e)| {
-            let k = &e.document.partition_key;
-            matches!(e.phase, Phase::Active)
-                && k.subject == request.subject
-                && k.route == request.route
-                && e.document.gateway_id == self.gateway_id
-                && e.document.gateway_boot_epoch == self.boot_epoch
-                && now < e.document.expires_at_ms
-                && e.books.local_available_units >= units
-                && !e.open.contains_key(id.as_str())
-        })?;
-        entry.books.local_available_units -= units;
-        entry.books.local_reserved_units += units;
-        entry.open.insert(id.as_str().to_string(), units);
-        entry.books.check();
-        Some(Box::new(ShardHold {
-            state: self.state.clone(),
-            shard_id: shard_id.clone(),
-            reservation_id: id.as_str().to_string(),
-            units,
-        }))
+        self.admit_local(id, request, route).ok()
+    }
+
+    fn admit(
+        &self,
+        id: &ReservationId,
+        request: &ReserveRequest,
+        route: &RouteInfo,
+    ) -> Result<Box<dyn LocalHold>, NotAdmitted> {
+        self.admit_local(id, request, Some(route))
     }
 }
 
@@ -544,27 +716,37 @@ struct ShardHold {
 }
 
 impl ShardHold {
-    /// Moves the hold out of `open`, if still there (settled or released once).
+    /// Moves the hold out of `open`, if still there (settled or released
+    /// once), with `used_units` (at most [`MAX_UNITS`]) spent as the
+    /// ledger's settle spends it (`settle_split` in `reservoir_core`): from
+    /// the hold, then from available; the rest is owed.
     fn finish(&self, state_name: &str, used_units: u64) {
-        let mut state = self.state.lock().expect("shard book lock");
+        let used_units = used_units.min(MAX_UNITS);
+        let mut state = lock(&self.state);
         let Some(entry) = state.shards.get_mut(&self.shard_id) else {
             return;
         };
         let Some(held) = entry.open.remove(&self.reservation_id) else {
             return;
         };
-        let spent = used_units.min(held);
-        entry.books.local_reserved_units -= held;
-        entry.books.local_spent_units += spent;
-        entry.books.overspent_units += used_units - spent;
-        // Unused: back to available, unless the shard expired meanwhile.
-        entry.books.local_available_units += held - spent;
+        let books = &mut entry.books;
+        let from_hold = used_units.min(held);
+        let beyond_hold = used_units - from_hold;
+        let from_available = beyond_hold.min(books.local_available_units);
+        books.local_reserved_units -= held;
+        books.local_available_units -= from_available;
+        // Unused: back to available (retired at the next sweep if the shard expired).
+        books.local_available_units += held - from_hold;
+        books.local_spent_units += from_hold + from_available;
+        books.overspent_units = books
+            .overspent_units
+            .saturating_add(beyond_hold - from_available);
         entry.receipts.push(LocalReceipt {
             reservation_id: self.reservation_id.clone(),
             state: state_name.to_string(),
             used_units,
         });
-        entry.books.check();
+        entry.check();
     }
 }
 
@@ -582,21 +764,22 @@ impl LocalHold for ShardHold {
     }
 }
 
-/// POSTs `body` to `url`: a 200 or 201 gives its status and body text; no
-/// answer or a 503 is [`ReconcileError::Unavailable`] (try again later), any
-/// other status [`ReconcileError::Refused`].
+/// POSTs `body` to `url` (answered within `timeout`, if given): a 200 or
+/// 201 gives its status and body text; no answer or a 503 is
+/// [`ReconcileError::Unavailable`] (try again later), any other status
+/// [`ReconcileError::Refused`].
 async fn post_for_success(
     http: &reqwest::Client,
-    url: String,
+    url: &str,
     body: &serde_json::Value,
+    timeout: Option<Duration>,
 ) -> Result<(u16, String), ReconcileError> {
     let unavailable = |e: reqwest::Error| ReconcileError::Unavailable(e.to_string());
-    let response = http
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .map_err(unavailable)?;
+    let mut request = http.post(url).json(body);
+    if let Some(timeout) = timeout {
+        request = request.timeout(timeout);
+    }
+    let response = request.send().await.map_err(unavailable)?;
     let status = response.status().as_u16();
     let text = response.text().await.map_err(unavailable)?;
     match status {
@@ -634,6 +817,244 @@ mod tests {
         d
     }
 
+    fn signed_as(key: &SigningKey, shard_id: &str, units: u64) -> ShardDocument {
+        let mut d = signed(key, units);
+        d.shard_id = shard_id.into();
+        let sig = key.sign(d.canonical().as_bytes());
+        d.signature = format!("ed25519:{}", hex::encode(sig.to_bytes()));
+        d
+    }
+
+    fn book_public_key() -> String {
+        hex::encode(SigningKey::from_bytes(&[7; 32]).verifying_key().to_bytes())
+    }
+
+    /// A book at time 1 500 holding `shards` (id, units) of subject `t`, route `r`.
+    fn book_of(shards: &[(&str, u64)]) -> ShardBook {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let book = ShardBook::new("gw", 1, &book_public_key())
+            .unwrap()
+            .with_clock(Arc::new(|| 1_500));
+        for &(id, units) in shards {
+            book.install(signed_as(&key, id, units)).unwrap();
+        }
+        book
+    }
+
+    fn settled(used_units: u64) -> Settlement {
+        Settlement {
+            actual_units: used_units,
+            operation_id: None,
+            usage: None,
+        }
+    }
+
+    fn rid(s: &str) -> ReservationId {
+        ReservationId::new(s).unwrap()
+    }
+
+    /// Use above a hold comes out of the shard's available units first, as
+    /// the ledger's settle takes it (`settle_split`); only the rest is owed,
+    /// and a shard that owes admits nothing (the ledger's debt freeze), even
+    /// with units available again. The receipts say what each call used.
+    #[test]
+    fn use_above_a_hold_takes_available_first_and_an_owing_shard_admits_nothing() {
+        let book = book_of(&[("sh-1", 100)]);
+        let units = |n| ReserveRequest::units("t", "r", n);
+        let a = book.reserve(&rid("a"), &units(10), None).unwrap();
+        let b = book.reserve(&rid("b"), &units(10), None).unwrap();
+        let c = book.reserve(&rid("c"), &units(10), None).unwrap();
+        // (step, books after: available, reserved, spent, overspent)
+        a.settle(&settled(30)); // 10 held + 20 of the 70 available
+        assert_eq!(
+            book.books("sh-1").map(|b| (
+                b.local_available_units,
+                b.local_reserved_units,
+                b.local_spent_units,
+                b.overspent_units
+            )),
+            Some((50, 20, 30, 0))
+        );
+        b.settle(&settled(200)); // 10 held + all 50 available, 140 owed
+        assert_eq!(
+            book.books("sh-1").map(|b| (
+                b.local_available_units,
+                b.local_reserved_units,
+                b.local_spent_units,
+                b.overspent_units
+            )),
+            Some((0, 10, 90, 140))
+        );
+        c.release(); // its 10 come back to available
+        let books = book.books("sh-1").unwrap();
+        #[rustfmt::skip]
+        assert_eq!(books, ShardBooks { allocated_units: 100, local_available_units: 10, local_reserved_units: 0,
+            local_spent_units: 90, local_retired_units: 0, overspent_units: 140 });
+        assert_eq!(
+            book.admit_local(&rid("d"), &units(5), None).err(),
+            Some(NotAdmitted::ShardOwes {
+                shard_id: "sh-1".into(),
+                overspent_units: 140
+            })
+        );
+        let receipts: Vec<(String, u64)> = book
+            .receipts("sh-1")
+            .into_iter()
+            .map(|r| (r.reservation_id, r.used_units))
+            .collect();
+        assert_eq!(
+            receipts,
+            [("a".into(), 30), ("b".into(), 200), ("c".into(), 0)]
+        );
+    }
+
+    /// A usage count of any size (a provider's `u64::MAX`) is taken as at
+    /// most `MAX_UNITS`, the most the ledger accepts, and panics nothing:
+    /// the books still balance and later calls are answered.
+    #[test]
+    fn a_huge_usage_is_clamped_and_panics_nothing() {
+        let book = book_of(&[("sh-1", 100)]);
+        let units = |n| ReserveRequest::units("t", "r", n);
+        let a = book.reserve(&rid("a"), &units(10), None).unwrap();
+        let b = book.reserve(&rid("b"), &units(10), None).unwrap();
+        a.settle(&settled(u64::MAX));
+        b.settle(&settled(u64::MAX));
+        let books = book.books("sh-1").unwrap();
+        assert_eq!(
+            (books.local_spent_units, books.local_available_units),
+            (100, 0)
+        );
+        assert_eq!(books.overspent_units, 2 * MAX_UNITS - 100);
+        let receipts: Vec<u64> = book
+            .receipts("sh-1")
+            .into_iter()
+            .map(|r| r.used_units)
+            .collect();
+        assert_eq!(receipts, [MAX_UNITS, MAX_UNITS]);
+        book.note_ledger_reachable();
+        assert_eq!(
+            book.admit_local(&rid("c"), &units(1), None).err(),
+            Some(NotAdmitted::ShardOwes {
+                shard_id: "sh-1".into(),
+                overspent_units: 2 * MAX_UNITS - 100
+            })
+        );
+    }
+
+    /// A panic while the book's lock was held poisons it; the book checks
+    /// its shards' books again and goes on, rather than panicking in every
+    /// later call (a ledger reserve calls `note_ledger_reachable`, a
+    /// dropped reservation releases its hold).
+    #[test]
+    fn a_poisoned_book_is_checked_and_goes_on() {
+        let book = book_of(&[("sh-1", 100)]);
+        let a = book
+            .reserve(&rid("a"), &ReserveRequest::units("t", "r", 10), None)
+            .unwrap();
+        let state = book.state.clone();
+        let poisoner = std::thread::spawn(move || {
+            let _held = state.lock();
+            panic!("a panic while the book is locked");
+        });
+        assert!(poisoner.join().is_err());
+        assert!(book.state.is_poisoned());
+        book.note_ledger_reachable();
+        a.release();
+        let b = book
+            .reserve(&rid("b"), &ReserveRequest::units("t", "r", 30), None)
+            .unwrap();
+        b.settle(&settled(20));
+        let books = book.books("sh-1").unwrap();
+        assert_eq!(
+            (books.local_available_units, books.local_spent_units),
+            (80, 20)
+        );
+        assert!(!book.state.is_poisoned(), "checked and cleared");
+    }
+
+    /// A reservation id is admitted locally once per book: after it was
+    /// settled (a retried provider call under the same request id), or
+    /// while it is open on another shard of the subject/route. A second
+    /// receipt under one id would make the ledger refuse the reconcile.
+    #[test]
+    fn a_reservation_id_is_admitted_locally_once() {
+        let book = book_of(&[("sh-1", 100), ("sh-2", 100)]);
+        let units = |n| ReserveRequest::units("t", "r", n);
+        let reused = |id: &str, shard: &str| {
+            Some(NotAdmitted::ReservationIdReused {
+                reservation_id: id.into(),
+                shard_id: shard.into(),
+            })
+        };
+        let a = book.reserve(&rid("a"), &units(10), None).unwrap();
+        a.settle(&settled(10));
+        assert_eq!(
+            book.admit_local(&rid("a"), &units(10), None).err(),
+            reused("a", "sh-1")
+        );
+        let b = book.reserve(&rid("b"), &units(80), None).unwrap();
+        assert_eq!(book.holder_of("b").as_deref(), Some("sh-1"));
+        // sh-1 has 10 left, sh-2 all 100: still refused.
+        assert_eq!(
+            book.admit_local(&rid("b"), &units(80), None).err(),
+            reused("b", "sh-1")
+        );
+        b.release();
+        assert_eq!(
+            book.admit_local(&rid("b"), &units(1), None).err(),
+            reused("b", "sh-1")
+        );
+        let receipts = |shard| book.receipts(shard).len();
+        assert_eq!((receipts("sh-1"), receipts("sh-2")), (2, 0));
+    }
+
+    /// Each refusal names its reason (the client's error carries it).
+    #[test]
+    fn a_refusal_names_its_reason() {
+        let book = book_of(&[("sh-1", 100)]);
+        let route = |capacity_unit, further_dimensions| RouteInfo {
+            subject: "t".into(),
+            route: "r".into(),
+            policy_generation: 1,
+            default_max_tokens: None,
+            priority: 0,
+            capacity_unit,
+            further_dimensions,
+        };
+        let tokens = route(crate::CapacityUnit::Tokens, 0);
+        let no_shard = |subject: &str, units| NotAdmitted::NoShard {
+            subject: subject.into(),
+            route: "r".into(),
+            units,
+        };
+        #[rustfmt::skip]
+        let table: Vec<(ReserveRequest, Option<&RouteInfo>, NotAdmitted)> = vec![
+            // request                                     route settings                 => refused
+            (ReserveRequest::tokens("t", "r", 5, Some(9)), None,                         NotAdmitted::RouteUnknown),
+            (ReserveRequest::tokens("t", "r", 5, None),    Some(&tokens),                NotAdmitted::Unsized),
+            (ReserveRequest::units("t", "r", 0),           None,                         NotAdmitted::Unsized),
+            (ReserveRequest::units("t", "r", 101),         None,                         no_shard("t", 101)),
+            (ReserveRequest::units("u", "r", 1),           Some(&tokens),                no_shard("u", 1)),
+        ];
+        for (i, (request, route, refused)) in table.into_iter().enumerate() {
+            let id = rid(&format!("c{i}"));
+            assert_eq!(book.admit_local(&id, &request, route).err(), Some(refused));
+        }
+        assert_eq!(book.books("sh-1").unwrap().local_available_units, 100);
+        let waits = ShardBook::new("gw", 1, &book_public_key())
+            .unwrap()
+            .with_min_failures(2);
+        assert_eq!(
+            waits
+                .admit_local(&rid("d"), &ReserveRequest::units("t", "r", 1), None)
+                .err(),
+            Some(NotAdmitted::TooFewFailures {
+                failures: 1,
+                min_failures: 2
+            })
+        );
+    }
+
     /// A call sized by tokens takes one unit of a route counted in
     /// requests, its tokens of one counted in tokens, and nothing when the
     /// route's settings were never read (the shard does not say its unit).
@@ -652,6 +1073,7 @@ mod tests {
             default_max_tokens: None,
             priority: 0,
             capacity_unit,
+            further_dimensions: 0,
         };
         let id = |s: &str| ReservationId::new(s).unwrap();
         assert!(book.reserve(&id("a"), &request, None).is_none());
@@ -668,9 +1090,9 @@ mod tests {
         c.release();
     }
 
-    /// Use above a hold is reported in full (the ledger records it as debt)
-    /// but never enters the shard's equation; an unknown call's hold stays
-    /// retired; the receipts say what each call did.
+    /// Use above a hold is reported in full and taken from the shard's
+    /// available units; an unknown call's hold stays retired; the receipts
+    /// say what each call did.
     #[test]
     fn local_books_through_settle_above_the_hold_and_unknown_usage() {
         let key = SigningKey::from_bytes(&[7; 32]);
@@ -698,8 +1120,8 @@ mod tests {
         b.release(); // likewise
         let books = book.books("sh-1").unwrap();
         #[rustfmt::skip]
-        assert_eq!(books, ShardBooks { allocated_units: 100, local_available_units: 20, local_reserved_units: 0,
-            local_spent_units: 40, local_retired_units: 40, overspent_units: 15 });
+        assert_eq!(books, ShardBooks { allocated_units: 100, local_available_units: 5, local_reserved_units: 0,
+            local_spent_units: 55, local_retired_units: 40, overspent_units: 0 });
         let receipts: Vec<(String, String, u64)> = book
             .receipts("sh-1")
             .into_iter()
@@ -740,6 +1162,7 @@ mod tests {
             default_max_tokens: Some(1_000),
             priority: 0,
             capacity_unit: crate::CapacityUnit::Requests,
+            further_dimensions: 0,
         };
         let sized = ReserveRequest::tokens("t", "r", 500, None);
         let id = |s: &str| ReservationId::new(s).unwrap();

@@ -301,6 +301,11 @@ pub struct RouteInfo {
     /// The policy's priority (higher starts first within a tenant).
     pub priority: u32,
     pub capacity_unit: CapacityUnit,
+    /// Dimensions the policy limits beside the primary one (its
+    /// `dimensions`). A shard carves the primary only: while cut off, such
+    /// a route's calls are bounded by the shard's primary units, not by
+    /// these (see the README's emergency shards).
+    pub further_dimensions: usize,
 }
 
 #[derive(Deserialize)]
@@ -320,6 +325,9 @@ pub(crate) struct PolicyBody {
     pub priority: u32,
     #[serde(default)]
     pub capacity_unit: Option<String>,
+    /// Counted only (absent for a one-dimension policy).
+    #[serde(default)]
+    pub dimensions: Vec<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -340,6 +348,7 @@ impl From<ActivePolicyBody> for RouteInfo {
                 Some("requests") => CapacityUnit::Requests,
                 _ => CapacityUnit::Tokens,
             },
+            further_dimensions: b.policy.dimensions.len(),
         }
     }
 }
@@ -438,6 +447,28 @@ mod tests {
         assert_eq!(req.body(&id), req.body(&id));
         let units = ReserveRequest::units("t", "r", 600).body(&id);
         assert_eq!(units["units"], 600);
+    }
+
+    #[test]
+    fn route_settings_count_the_policys_further_dimensions() {
+        let read = |policy: serde_json::Value| {
+            let body: ActivePolicyBody = serde_json::from_value(serde_json::json!({
+                "partition_key": {}, "accounting_epoch": "e", "policy": policy,
+                "estimator": {"default_max_tokens": 700}
+            }))
+            .unwrap();
+            let info = RouteInfo::from(body);
+            (info.capacity_unit, info.further_dimensions)
+        };
+        let one = serde_json::json!({"subject": "t", "route": "r", "generation": 2,
+            "capacity_unit": "requests"});
+        let mut three = one.clone();
+        three["dimensions"] = serde_json::json!([
+            {"dimension": "input_tokens", "burst_units": 5},
+            {"dimension": "output_tokens", "burst_units": 5}
+        ]);
+        assert_eq!(read(one), (CapacityUnit::Requests, 0));
+        assert_eq!(read(three), (CapacityUnit::Requests, 2));
     }
 
     #[test]

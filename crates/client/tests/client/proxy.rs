@@ -92,6 +92,17 @@ impl FaultProxy {
     }
 }
 
+impl FaultProxy {
+    /// Stops listening and holds the port, so from now on every connection
+    /// to it is refused at once (no attempt can reach the ledger through it).
+    pub async fn stop(mut self) -> reservoir_testkit::DeadPort {
+        self.task.abort();
+        // The listener is dropped with the aborted task.
+        let _ = (&mut self.task).await;
+        reservoir_testkit::DeadPort::hold(self.addr)
+    }
+}
+
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.task.abort();

@@ -267,26 +267,32 @@ async fn a_foreign_restarted_tampered_or_expired_shard_admits_nothing() {
         );
     }
 
-    // The ledger dies. A restarted gateway (boot epoch 2) holds no shard: it
-    // refuses, as does a client with no fallback at all.
+    // The ledger dies (the clients read the route's settings before). A
+    // restarted gateway (boot epoch 2) holds no shard: it refuses, as does
+    // a client with no fallback at all.
     let base = ledger.base();
-    ledger.kill();
+    let mut clients = Vec::new();
     for fallback in [
         Some(Arc::new(ShardBook::new("gw-1", 2, &key).unwrap())),
         None,
+        Some(gw1.clone()),
     ] {
-        let refused = unpooled(&base, fallback, 200)
-            .reserve(ReserveRequest::units("t", "r", 1))
-            .await;
+        let client = unpooled(&base, fallback, 200);
+        client.route("t", "r").await.unwrap();
+        clients.push(client);
+    }
+    let client = clients.pop().unwrap();
+    ledger.kill();
+    for other in clients {
+        let refused = other.reserve(ReserveRequest::units("t", "r", 1)).await;
         assert!(
             matches!(refused, Err(Error::Unavailable(_))),
-            "fails closed"
+            "fails closed: {refused:?}"
         );
     }
 
     // gw-1 admits only from the second consecutive unreachable reserve on,
     // and nothing once its shard expired (the rest is retired locally).
-    let client = unpooled(&base, Some(gw1.clone()), 200);
     let first = client.reserve(ReserveRequest::units("t", "r", 10)).await;
     assert!(matches!(first, Err(Error::Unavailable(_))));
     let second = client
@@ -435,13 +441,10 @@ async fn a_reserve_the_ledger_answered_starts_the_failure_count_over() {
         .issue(&ledger.http, &ledger.base(), "t", "r", 300, 600_000)
         .await
         .unwrap();
-    // Two clients sharing the book: one cut off from the ledger (nothing
-    // listens at its address, so no attempt can reach it), one reaching it.
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
-    let cut_off = unpooled(&dead, Some(book.clone()), 200);
+    // Two clients sharing the book: one cut off from the ledger once it read
+    // the route's settings (nothing listens at its address any more, so no
+    // attempt can reach it), one reaching it.
+    let (cut_off, _dead_port) = cut_off_after_reading_the_route(&ledger, book.clone(), 200).await;
     let reaching = unpooled(&ledger.base(), Some(book.clone()), 2_000);
     async fn reserve(c: &Client) -> Result<reservoir_client::Reservation, Error> {
         c.reserve(ReserveRequest::units("t", "r", 10)).await
@@ -468,4 +471,121 @@ async fn a_reserve_the_ledger_answered_starts_the_failure_count_over() {
     assert_eq!((b.local_reserved_units, b.local_available_units), (0, 300));
     // The ledger's own books: the shard carved out, the answered reserve released.
     assert_eq!(ledger_books(&ledger).await, (700, 300, 0));
+}
+
+/// A client that read the route's settings from the ledger through a proxy,
+/// which then stops: from then on every attempt fails to connect (the
+/// ledger is not reached, so the shard may admit), while the ledger itself
+/// stays up for the test's other clients.
+async fn cut_off_after_reading_the_route(
+    ledger: &Ledger,
+    book: Arc<ShardBook>,
+    deadline_ms: u64,
+) -> (Client, reservoir_testkit::DeadPort) {
+    let proxy = FaultProxy::start(ledger.addr()).await;
+    let client = unpooled(&proxy.base(), Some(book), deadline_ms);
+    client.route("t", "r").await.unwrap();
+    (client, proxy.stop().await)
+}
+
+/// A route whose settings the client never read is not admitted from a
+/// shard: its capacity unit is unknown, and a guessed one (tokens) would
+/// settle a call of a route counted in requests as its tokens, a debt of
+/// thousands of requests at reconcile. Once read, the local call holds and
+/// settles in the route's own unit.
+#[tokio::test]
+async fn a_route_never_read_is_not_admitted_from_a_shard() {
+    let mut ledger = Ledger::start().await;
+    let mut p = shard_policy(1_000);
+    p["capacity_unit"] = "requests".into();
+    ledger.publish(p, None).await;
+    let book = Arc::new(ShardBook::new("gw-1", 1, &public_key(&ledger).await).unwrap());
+    let shard = book
+        .issue(&ledger.http, &ledger.base(), "t", "r", 100, 600_000)
+        .await
+        .unwrap();
+    let cold = unpooled(&ledger.base(), Some(book.clone()), 200);
+    let warm = unpooled(&ledger.base(), Some(book.clone()), 200);
+    warm.route("t", "r").await.unwrap();
+    ledger.kill();
+
+    let refused = cold.reserve(ReserveRequest::units("t", "r", 1)).await;
+    assert!(
+        matches!(&refused, Err(Error::Unavailable(why)) if why.contains("never read")),
+        "a route never read fails closed: {refused:?}"
+    );
+    let b = balanced(book.books(&shard.shard_id).unwrap());
+    assert_eq!(b.local_available_units, 100, "nothing taken from the shard");
+
+    let local = warm
+        .reserve(ReserveRequest::tokens("t", "r", 1_200, Some(300)))
+        .await
+        .unwrap();
+    assert!(local.is_local());
+    assert_eq!(
+        (local.route().capacity_unit, local.reserved_units()),
+        (reservoir_client::CapacityUnit::Requests, 1)
+    );
+    let id = local.id().clone();
+    let settled = local.start().await.unwrap().finish().await.unwrap();
+    assert_eq!(settled.actual_units, 1, "one request, not its tokens");
+    let b = balanced(book.books(&shard.shard_id).unwrap());
+    assert_eq!((b.local_spent_units, b.overspent_units), (1, 0));
+
+    // The same id again (a retried provider call under its request id):
+    // refused, or the reconcile would carry two receipts of one id.
+    let again = warm
+        .reserve_as(id, ReserveRequest::units("t", "r", 1))
+        .await;
+    assert!(
+        matches!(&again, Err(Error::Unavailable(why)) if why.contains("admitted locally before")),
+        "{again:?}"
+    );
+    assert_eq!(book.receipts(&shard.shard_id).len(), 1);
+}
+
+/// The gateway names the shard it asks for, so a lost answer is asked
+/// again under the same id: the ledger answers the shard it issued the
+/// first time, and one shard's units are carved out, not two.
+#[tokio::test]
+async fn a_lost_issue_answer_is_asked_again_under_the_same_shard_id() {
+    let ledger = Ledger::start().await;
+    ledger.publish(shard_policy(1_000), None).await;
+    let book = Arc::new(ShardBook::new("gw-1", 1, &public_key(&ledger).await).unwrap());
+    let proxy = FaultProxy::start(ledger.addr()).await;
+    const ISSUE: &str = "POST /v1/shards ";
+    proxy.drop_answers(ISSUE, 1);
+    let shard = book
+        .issue(&ledger.http, &proxy.base(), "t", "r", 300, 600_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        (proxy.dropped(ISSUE), proxy.forwarded(ISSUE)),
+        (1, 2),
+        "one lost answer, one retry"
+    );
+    assert_eq!(
+        ledger_books(&ledger).await,
+        (700, 300, 0),
+        "one shard issued"
+    );
+    assert_eq!(
+        balanced(book.books(&shard.shard_id).unwrap()).allocated_units,
+        300
+    );
+}
+
+/// The most a local call's use counts is the most the ledger takes in any
+/// amount (its `MAX_UNITS`, the bound its API documents).
+#[tokio::test]
+async fn a_local_use_is_bounded_as_the_ledger_bounds_amounts() {
+    let ledger = Ledger::start().await;
+    let (status, api) = ledger.get("/openapi.json").await;
+    assert_eq!(status, 200);
+    let issue = &api["components"]["schemas"]["IssueShardBody"]["properties"]["units"];
+    assert_eq!(
+        issue["maximum"].as_u64(),
+        Some(reservoir_client::shards::MAX_UNITS),
+        "{issue}"
+    );
 }

@@ -133,16 +133,42 @@ async fn reservation_unknown_until_asked_again_with_the_same_id() {
 
 #[tokio::test]
 async fn an_unreachable_ledger_asks_the_fallback_and_the_lease_settles_locally() {
-    // Nothing listens on this port (bound, then closed): every connect is refused.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let ledger = Ledger::start().await;
+    ledger.publish(policy("u3", "chat", 1_000), None).await;
+    let proxy = FaultProxy::start(ledger.addr()).await;
+    let closed = proxy.addr;
     let fallback = Arc::new(CountingFallback::default());
-    let client = Client::builder(&format!("http://{closed}"))
+    // A fresh connection per attempt: none outlives the proxy.
+    let unpooled = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    };
+    let client = Client::builder(&proxy.base())
+        .http(unpooled())
         .retry(quick_retry(Duration::from_millis(300)))
         .fallback(fallback.clone())
         .build();
+    // The route's settings are read (the fallback is asked only for a route
+    // read before); then nothing listens there: every connect is refused.
+    client.route("u3", "chat").await.unwrap();
+    let _dead_port = proxy.stop().await;
+    let cold = Client::builder(&format!("http://{closed}"))
+        .http(unpooled())
+        .retry(quick_retry(Duration::from_millis(200)))
+        .fallback(fallback.clone())
+        .build();
+    let e = cold
+        .reserve(ReserveRequest::units("u3", "chat", 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+    assert_eq!(
+        fallback.reserved.load(Ordering::SeqCst),
+        0,
+        "not asked for a route never read"
+    );
     let reservation = client
         .reserve(ReserveRequest::tokens("u3", "chat", 40, Some(100)))
         .await
