@@ -236,8 +236,12 @@ pub struct Usage {
     pub output_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counted_input_tokens: Option<u64>,
+    /// The provider's input count, cache reads not included.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reported_input_tokens: Option<u64>,
+    /// Prompt tokens the provider read from its cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u64>,
 }
 
 /// A settle: its amount is fixed before the first attempt, so every retry

@@ -15,6 +15,7 @@ use crate::types::{CapacityUnit, OperationId, ReserveRequest, Settlement, Usage}
 pub struct UsageMeter {
     output_tokens: u64,
     reported_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
     model: Option<String>,
     finished: bool,
     refused: bool,
@@ -25,8 +26,18 @@ impl UsageMeter {
         self.output_tokens
     }
 
+    /// The provider's input count without its cache reads (Anthropic's
+    /// `input_tokens` + `cache_creation_input_tokens`; OpenAI's
+    /// `prompt_tokens` less `cached_tokens`), as the ledger takes it.
     pub fn reported_input_tokens(&self) -> Option<u64> {
         self.reported_input_tokens
+    }
+
+    /// Prompt tokens the provider read from its cache (Anthropic's
+    /// `cache_read_input_tokens`, OpenAI's `cached_tokens`), reported apart
+    /// so a policy can leave them out of its input dimensions.
+    pub fn cache_read_input_tokens(&self) -> Option<u64> {
+        self.cache_read_input_tokens
     }
 
     /// The model the provider says answered, if it said.
@@ -64,10 +75,14 @@ impl UsageMeter {
         self.reported_input_tokens = Some(self.reported_input_tokens.unwrap_or(0).max(n));
     }
 
+    fn saw_cache_reads(&mut self, n: u64) {
+        self.cache_read_input_tokens = Some(self.cache_read_input_tokens.unwrap_or(0).max(n));
+    }
+
     /// What settling `request` now would send, on a route counted in `unit`:
-    /// input (the provider's reported count, else the gateway's, or 0 if the
-    /// provider refused the call: [`UsageMeter::provider_refused`]) plus the
-    /// output counted so far. A [`crate::Lease`] settles with it, on finish
+    /// input (the provider's reported count with its cache reads, else the
+    /// gateway's, or 0 if the provider refused the call:
+    /// [`UsageMeter::provider_refused`]) plus the output counted so far. A [`crate::Lease`] settles with it, on finish
     /// and when a cancelled stream drops it.
     pub fn settlement(
         &self,
@@ -87,7 +102,11 @@ impl UsageMeter {
             (None, true) => Some(0),
             (reported, _) => reported,
         };
-        let input = reported.or(counted).unwrap_or(0);
+        let cache_reads = reported.and(self.cache_read_input_tokens);
+        let input = match reported {
+            Some(reported) => reported.saturating_add(cache_reads.unwrap_or(0)),
+            None => counted.unwrap_or(0),
+        };
         let output = self.output_tokens();
         let model = self
             .model()
@@ -102,6 +121,7 @@ impl UsageMeter {
                 output_tokens: Some(output),
                 counted_input_tokens: counted,
                 reported_input_tokens: reported,
+                cache_read_input_tokens: cache_reads,
             }),
         }
     }
@@ -123,7 +143,12 @@ impl UsageMeter {
             _ => return,
         };
         if let Some(n) = usage["input_tokens"].as_u64() {
-            self.saw_input(n);
+            // Cache writes are prompt the provider processed and bills.
+            let written = usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+            self.saw_input(n.saturating_add(written));
+        }
+        if let Some(n) = usage["cache_read_input_tokens"].as_u64() {
+            self.saw_cache_reads(n);
         }
         if let Some(n) = usage["output_tokens"].as_u64() {
             self.saw_output_total(n);
@@ -138,7 +163,12 @@ impl UsageMeter {
         }
         let usage = &chunk["usage"];
         if let Some(n) = usage["prompt_tokens"].as_u64() {
-            self.saw_input(n);
+            // prompt_tokens includes the cached ones: the ledger takes them apart.
+            let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+            self.saw_input(n.saturating_sub(cached.unwrap_or(0)));
+            if let Some(cached) = cached {
+                self.saw_cache_reads(cached);
+            }
         }
         if let Some(n) = usage["completion_tokens"].as_u64() {
             self.saw_output_total(n);
@@ -293,6 +323,51 @@ mod tests {
             vec!["x\ny"]
         );
         assert!(s.push(b"data: partial").is_empty());
+    }
+
+    /// Cache reads are reported apart from the input, as the ledger takes
+    /// them (so a policy can leave them out), and cache writes are input;
+    /// the settle's amount counts the whole prompt either way.
+    #[test]
+    fn cache_reads_are_reported_apart_and_charged_in_the_amount() {
+        let request = ReserveRequest::tokens("t", "chat", 1_000, Some(500));
+        let operation = OperationId::new("op-1").unwrap();
+        let anthropic = json!({"type": "message_start", "message": {"model": "claude-x",
+            "usage": {"input_tokens": 30, "cache_creation_input_tokens": 70,
+                      "cache_read_input_tokens": 900, "output_tokens": 1}}});
+        let openai = json!({"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 1_000,
+            "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 900}}});
+        let uncached = json!({"model": "gpt-x", "choices": [],
+            "usage": {"prompt_tokens": 1_000, "completion_tokens": 1}});
+        // (stream, reported input, cache reads, actual units)
+        let table = [
+            (anthropic, Some(100), Some(900), 1_001),
+            (openai, Some(100), Some(900), 1_001),
+            (uncached, Some(1_000), None, 1_001),
+        ];
+        for (event, reported, cached, actual) in table {
+            let mut m = UsageMeter::default();
+            m.observe_sse_data(&event.to_string());
+            let s = m.settlement(&request, CapacityUnit::Tokens, operation.clone());
+            let usage = s.usage.unwrap();
+            assert_eq!(
+                (usage.reported_input_tokens, usage.cache_read_input_tokens),
+                (reported, cached),
+                "{event}"
+            );
+            assert_eq!(s.actual_units, actual, "{event}");
+        }
+        // A refused call reports no input, and no cache reads with it.
+        let mut m = UsageMeter::default();
+        m.provider_refused();
+        let usage = m
+            .settlement(&request, CapacityUnit::Tokens, operation)
+            .usage
+            .unwrap();
+        assert_eq!(
+            (usage.reported_input_tokens, usage.cache_read_input_tokens),
+            (Some(0), None)
+        );
     }
 
     /// The settle a lease sends at any point of a stream: the provider's
