@@ -9,6 +9,7 @@ import random
 import socket
 from typing import Any
 
+import httpx
 import pytest
 
 from conftest import assert_conserved, publish
@@ -355,3 +356,24 @@ def test_the_sync_guard_gives_the_call_back_the_same_way(base: str, subject: str
     p = assert_conserved(base, subject)
     for d in [p, *p["dimensions"]]:
         assert (d["reserved_units"], d["spent_units"]) == (0, 0), d
+
+
+async def test_a_ledger_still_recovering_is_unreachable_not_unknown(base: str, subject: str, route: str) -> None:
+    """A ledger recovering from its log answers 503 ``not_ready`` before any
+    writer exists: a reserve answered only that way never landed, so it ends
+    in ``LedgerUnreachable`` (which a shard book may admit from), not
+    ``ReservationUnknown`` (which it never does)."""
+    problem = {"type": "https://reservoir.dev/problems/not_ready", "title": "Not ready", "status": 503,
+               "detail": "recovering the ledger from the log"}
+    answers: list[int] = []
+
+    def recovering(request: httpx.Request) -> httpx.Response:
+        answers.append(503)
+        return httpx.Response(503, json=problem, headers={"retry-after": "0",
+                              "content-type": "application/problem+json"})
+
+    transport = httpx.MockTransport(recovering)
+    async with AsyncReservoir(base, transport=transport, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01)) as rsv:
+        with pytest.raises(LedgerUnreachable):
+            await rsv.reserve(subject, route, units=100)
+    assert len(answers) == 3

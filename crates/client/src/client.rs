@@ -250,12 +250,9 @@ impl Client {
                             timeout,
                         )
                         .await;
-                    // A 503 may come from a writer that appended and was then fenced.
                     let reached = match &exchange {
                         Exchange::Lost { maybe_sent, .. } => *maybe_sent,
-                        Exchange::Answer { status, .. } => {
-                            *status == StatusCode::SERVICE_UNAVAILABLE
-                        }
+                        Exchange::Answer { status, body, .. } => may_have_applied(*status, body),
                     };
                     if reached {
                         maybe_reached.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -522,5 +519,19 @@ impl Client {
     pub fn owner_of_reservation(&self, id: &ReservationId) -> Option<String> {
         let owners = self.inner.owners.as_ref()?;
         owners.of_id(id.as_str()).map(|n| n.to_string())
+    }
+}
+
+/// Whether a POST answered `status` may have been applied all the same: a
+/// 503 from a writer that appended and was then fenced, a 502 or 504 from a
+/// proxy that forwarded the request and stopped waiting. Not a 503
+/// `not_ready`: a ledger still recovering from its log decides nothing, so
+/// a reserve it answered that way is not unknown (and may fall back to a
+/// shard once the retries give up).
+pub(crate) fn may_have_applied(status: StatusCode, body: &[u8]) -> bool {
+    match status {
+        StatusCode::SERVICE_UNAVAILABLE => crate::http::problem(body).code() != "not_ready",
+        StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => true,
+        _ => false,
     }
 }

@@ -106,10 +106,19 @@ impl Client {
                 retry_after,
                 body,
                 ..
-            } if status == StatusCode::SERVICE_UNAVAILABLE => Attempt::Again {
-                why: format!("503 {}", problem(&body).code()),
-                after: retry_after,
-            },
+            } if matches!(
+                status,
+                StatusCode::SERVICE_UNAVAILABLE
+                    | StatusCode::BAD_GATEWAY
+                    | StatusCode::GATEWAY_TIMEOUT
+            ) =>
+            {
+                // Not now: the ledger (or a proxy before it) asks for a retry.
+                Attempt::Again {
+                    why: format!("{} {}", status.as_u16(), problem(&body).code()),
+                    after: retry_after,
+                }
+            }
             Exchange::Answer { status, body, .. } => Attempt::Fail(rejected(status, &body)),
         }
     }

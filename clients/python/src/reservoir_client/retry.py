@@ -150,7 +150,12 @@ class Attempts:
         """A definite answer; the delay before retrying it, or None to stop."""
         self.tries += 1
         self.last = problem
-        if problem.status in RETRYABLE_STATUSES and self.method == "POST":
+        # A ledger still recovering from its log answers 503 not_ready: it
+        # decided nothing, and cannot now (as good as unreachable).
+        not_ready = problem.status == 503 and problem.code == "not_ready"
+        if not_ready:
+            self.unreachable = True
+        elif problem.status in RETRYABLE_STATUSES and self.method == "POST":
             # A writer that appended and was then fenced answers 503 (as the
             # Rust client reads it), a proxy that forwarded the request and
             # gave up waiting 502 or 504: the step may have happened.
@@ -164,7 +169,7 @@ class Attempts:
     def give_up(self) -> ReservoirError:
         """The error to raise when no more tries are made."""
         last = self.last
-        if isinstance(last, ProblemError) and not self._unknown_after(last):
+        if isinstance(last, ProblemError) and not self._unknown_after(last) and not self._not_ready_only():
             return last
         if self.maybe_applied:
             if (
@@ -178,6 +183,17 @@ class Attempts:
         if not self.unreachable:
             return RequestNotSent(self.method, self.path, last)
         return LedgerUnreachable(f"{self.method} {self.path}: ledger unreachable after {self.tries} tries ({last!r})")
+
+    def _not_ready_only(self) -> bool:
+        # Every answer said "recovering" (or no answer came): nothing applied.
+        last = self.last
+        return (
+            self.unreachable
+            and not self.maybe_applied
+            and isinstance(last, ProblemError)
+            and last.status == 503
+            and last.code == "not_ready"
+        )
 
     def _unknown_after(self, problem: ProblemError) -> bool:
         # A "not now" answer after an attempt that may have landed tells

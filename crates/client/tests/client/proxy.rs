@@ -19,6 +19,10 @@ use tokio::net::{TcpListener, TcpStream};
 struct Rules {
     /// (request-line prefix such as `POST /v1/reservations `, answers left to drop)
     drop: Vec<(String, usize)>,
+    /// (prefix, the proxy's own answer, forward the request first): every
+    /// matching request is answered so, as a proxy that forwarded it and
+    /// stopped waiting would, or a ledger that decided nothing.
+    answer: Vec<(String, Vec<u8>, bool)>,
     /// Request lines forwarded to the ledger, in order.
     forwarded: Vec<String>,
     dropped: Vec<String>,
@@ -68,8 +72,28 @@ impl FaultProxy {
             .push((prefix.to_string(), n));
     }
 
+    /// Answers every request whose line starts with `prefix` with `status`
+    /// and a problem of `code`, after forwarding it to the ledger (so it
+    /// commits) when `forward`.
+    pub fn answer_with(&self, prefix: &str, status: u16, code: &str, forward: bool) {
+        let body = format!(
+            "{{\"type\":\"https://reservoir.dev/problems/{code}\",\"title\":\"{code}\",\"status\":{status},\"detail\":\"from the fault proxy\"}}"
+        );
+        let answer = format!(
+            "HTTP/1.1 {status} Fault\r\ncontent-type: application/problem+json\r\nretry-after: 0\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.rules
+            .lock()
+            .unwrap()
+            .answer
+            .push((prefix.to_string(), answer.into_bytes(), forward));
+    }
+
     pub fn clear(&self) {
-        self.rules.lock().unwrap().drop.clear();
+        let mut rules = self.rules.lock().unwrap();
+        rules.drop.clear();
+        rules.answer.clear();
     }
 
     /// Requests forwarded to the ledger whose line starts with `prefix`.
@@ -142,6 +166,20 @@ async fn serve(mut client: TcpStream, upstream: Arc<Mutex<SocketAddr>>, rules: A
             .next()
             .unwrap_or("")
             .to_string();
+        let instead = {
+            let rules = rules.lock().unwrap();
+            let hit = rules
+                .answer
+                .iter()
+                .find(|(p, _, _)| line.starts_with(p.as_str()));
+            hit.map(|(_, answer, forward)| (answer.clone(), *forward))
+        };
+        if let Some((answer, false)) = &instead {
+            if client.write_all(answer).await.is_err() {
+                return;
+            }
+            continue;
+        }
         let target = *upstream.lock().unwrap();
         let Ok(mut server) = TcpStream::connect(target).await else {
             return; // no ledger there now: close unanswered
@@ -169,6 +207,7 @@ async fn serve(mut client: TcpStream, upstream: Arc<Mutex<SocketAddr>>, rules: A
                 None => false,
             }
         };
+        let answer = instead.map_or(answer, |(answer, _)| answer);
         if lose || client.write_all(&answer).await.is_err() {
             return; // the ledger committed; the client never hears of it
         }

@@ -131,6 +131,64 @@ async fn reservation_unknown_until_asked_again_with_the_same_id() {
     assert_eq!(p["available_units"].as_u64(), Some(1_000));
 }
 
+/// What a reserve answered only with 5xx until the deadline says: behind a
+/// proxy that forwarded it and stopped waiting (502, 504) it may have
+/// landed, so it is unknown and resolved to one debit; a ledger recovering
+/// from its log (503 `not_ready`) decided nothing, so it is not unknown and
+/// the fallback is asked.
+#[tokio::test]
+async fn a_reserve_answered_only_5xx_is_unknown_unless_the_ledger_was_not_ready() {
+    let ledger = Ledger::start().await;
+    ledger.publish(policy("u5", "chat", 1_000), None).await;
+    let proxy = FaultProxy::start(ledger.addr()).await;
+    let fallback = Arc::new(CountingFallback::default());
+    let client = Client::builder(&proxy.base())
+        .retry(quick_retry(Duration::from_millis(600)))
+        .fallback(fallback.clone())
+        .build();
+    client.route("u5", "chat").await.unwrap();
+    // (status, problem code, forwarded to the ledger, unknown)
+    let table = [
+        (502, "bad_gateway", true, true),
+        (504, "gateway_timeout", true, true),
+        (503, "not_ready", false, false),
+    ];
+    let mut landed = 0;
+    for (n, (status, code, forward, unknown)) in table.into_iter().enumerate() {
+        proxy.answer_with(RESERVE, status, code, forward);
+        let id = ReservationId::new(format!("rl-5xx-{n}")).unwrap();
+        let request = ReserveRequest::units("u5", "chat", 100);
+        let reserved_locally = fallback.reserved.load(Ordering::SeqCst);
+        let answer = client.reserve_as(id.clone(), request.clone()).await;
+        proxy.clear();
+        if unknown {
+            assert!(
+                matches!(&answer, Err(Error::ReservationUnknown { id: u, .. }) if *u == id),
+                "{status}: {:?}",
+                answer.as_ref().err()
+            );
+            landed += 1;
+            let resolved = client.resolve(&id, &request).await.unwrap();
+            assert_eq!(resolved.state, ReservationState::Reserved, "{status}");
+        } else {
+            let local = answer.expect("admitted by the fallback");
+            assert!(local.receipt().is_none(), "{status}: a local hold");
+            drop(local);
+        }
+        assert_eq!(
+            fallback.reserved.load(Ordering::SeqCst) - reserved_locally,
+            u64::from(!unknown),
+            "{status}: the fallback asked only when nothing can have landed"
+        );
+        let p = ledger.partition("u5", "chat").await;
+        assert_eq!(
+            (p["reservations"].as_u64(), p["reserved_units"].as_u64()),
+            (Some(landed), Some(100 * landed)),
+            "{status}: one debit per reserve that landed, none for the others"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_unreachable_ledger_asks_the_fallback_and_the_lease_settles_locally() {
     let ledger = Ledger::start().await;
