@@ -10,6 +10,7 @@
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::background::Background;
@@ -233,6 +234,10 @@ impl Client {
     ) -> Result<Receipt, Error> {
         let body = request.body(id);
         let maybe_reached = std::sync::atomic::AtomicBool::new(false);
+        // The last refusal, when 429s are retried (`retry_refusals`): the
+        // ledger decided, so running out of time ends in it, never in a
+        // fallback that would admit what the ledger refused.
+        let refused = Mutex::new(None);
         let result = retry::run(
             &self.inner.retry,
             self.inner.timer.as_ref(),
@@ -240,6 +245,7 @@ impl Client {
             |timeout| {
                 let body = &body;
                 let maybe_reached = &maybe_reached;
+                let refused = &refused;
                 async move {
                     let exchange = self
                         .exchange_about(
@@ -257,12 +263,33 @@ impl Client {
                     if reached {
                         maybe_reached.store(true, std::sync::atomic::Ordering::SeqCst);
                     }
+                    if let Exchange::Answer {
+                        status: StatusCode::TOO_MANY_REQUESTS,
+                        retry_after,
+                        body,
+                        ..
+                    } = &exchange
+                    {
+                        *refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(Error::Refused {
+                            problem: Box::new(crate::http::problem(body)),
+                            retry_after: *retry_after,
+                        });
+                    }
                     self.classify(exchange)
                 }
             },
             Error::Unavailable,
         )
         .await;
+        let refused = refused.into_inner().unwrap_or_else(|p| p.into_inner());
+        let result = match (result, refused) {
+            (Err(Error::Unavailable(_)), Some(refusal))
+                if !maybe_reached.load(Ordering::SeqCst) =>
+            {
+                Err(refusal)
+            }
+            (result, _) => result,
+        };
         if let Some(fallback) = &self.inner.fallback {
             // The ledger decided (admitted, refused or rejected) this reserve,
             // or a resolve of it: reachable, whatever came before.

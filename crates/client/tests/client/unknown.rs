@@ -189,6 +189,42 @@ async fn a_reserve_answered_only_5xx_is_unknown_unless_the_ledger_was_not_ready(
     }
 }
 
+/// With `retry_refusals`, 429s are retried until the deadline; the ledger
+/// decided every one of them, so the reserve ends in its refusal and is
+/// never handed to the fallback (which would admit what the ledger refused).
+#[tokio::test]
+async fn a_refusal_retried_to_the_deadline_is_a_refusal_not_a_fallback() {
+    let ledger = Ledger::start().await;
+    ledger.publish(policy("u6", "chat", 1_000), None).await;
+    let fallback = Arc::new(CountingFallback::default());
+    let mut retry = quick_retry(Duration::from_millis(400));
+    retry.retry_refusals = true;
+    let client = Client::builder(&ledger.base())
+        .retry(retry)
+        .fallback(fallback.clone())
+        .build();
+    client.route("u6", "chat").await.unwrap();
+    let all = client
+        .reserve(ReserveRequest::units("u6", "chat", 1_000))
+        .await
+        .unwrap();
+    let Err(refused) = client
+        .reserve(ReserveRequest::units("u6", "chat", 100))
+        .await
+    else {
+        panic!("admitted with no capacity left");
+    };
+    assert!(matches!(refused, Error::Refused { .. }), "{refused}");
+    assert_eq!(fallback.reserved.load(Ordering::SeqCst), 0);
+    assert_eq!(fallback.answered.load(Ordering::SeqCst), 2, "both decided");
+    let p = ledger.partition("u6", "chat").await;
+    assert_eq!(
+        (p["reservations"].as_u64(), p["reserved_units"].as_u64()),
+        (Some(1), Some(1_000))
+    );
+    drop(all);
+}
+
 #[tokio::test]
 async fn an_unreachable_ledger_asks_the_fallback_and_the_lease_settles_locally() {
     let ledger = Ledger::start().await;
