@@ -5,7 +5,12 @@
 //! policy's idempotency window. After every event, [`evict_due`] takes out of
 //! memory each finished record whose window has passed at the event's time, or
 //! the oldest ones once more than [`MAX_FINISHED_IN_MEMORY_PER_PARTITION`] are
-//! kept. The rule reads nothing but the log (event times, the policy in
+//! kept. A partition that is closed and holds no open reservation keeps only
+//! the records that finished at its last event (its window is 1 ms): it
+//! gets no further event (an epoch roll or a new generation closed it, and
+//! its last call has finished), so no later event's time would ever take
+//! its records out, and it would keep them in memory, and in every
+//! snapshot, for good. The rule reads nothing but the log (event times, the policy in
 //! `PartitionOpened`), so the live writer, recovery, the projector and replay
 //! all hold the same records at the same sequence.
 //!
@@ -32,8 +37,13 @@ pub const MAX_FINISHED_IN_MEMORY_PER_PARTITION: usize = 100_000;
 /// release or expire, and then the partition admits again.
 pub const MAX_OPEN_RESERVATIONS_PER_PARTITION: usize = 1_000_000;
 
-/// The partition's idempotency window (the default before it is opened).
+/// The partition's idempotency window (the default before it is opened),
+/// 1 ms once it is closed and drained (see the module docs): what finished
+/// at the event just applied stays, for the callers that read it back.
 fn window_ms(p: &Partition) -> u64 {
+    if p.closed && p.open_reservations == 0 {
+        return 1;
+    }
     p.policy
         .as_ref()
         .map_or(DEFAULT_IDEMPOTENCY_WINDOW_MS, |policy| {

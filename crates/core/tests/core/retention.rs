@@ -55,6 +55,64 @@ fn a_finished_record_leaves_memory_once_its_window_has_passed() {
     // Dropping the harness replays the log: the same record leaves at the same event.
 }
 
+/// A closed partition gets no event once its last call finishes, so no
+/// later event's time would take its finished records out: once it is
+/// closed and drained, it keeps only what finished at its last event (its
+/// window is 1 ms), window or not; and a partition restored from a store
+/// keeps the same.
+#[test]
+fn a_closed_partition_keeps_only_its_last_finished_record_once_drained() {
+    let mut p = opened(windowed(600_000));
+    run(&mut p, &reserve("done", 1, 100), 10);
+    run(&mut p, &release("done"), 20);
+    run(&mut p, &reserve("open", 2, 100), 30);
+    // Closed with a call open: the window rule still holds.
+    assert!(run(&mut p, &Command::Close, 40).is_empty());
+    assert_eq!(
+        p.reservation(&rid("done")).unwrap().state,
+        ReservationState::Released
+    );
+    // Its last call finishes, well inside the window: the older record
+    // leaves; the one this event finished stays (callers read it back).
+    run(&mut p, &start("open", "op-1"), 50);
+    let evicted = run(&mut p, &settle("open", Some("op-1"), 60), 60);
+    let ids: Vec<&str> = evicted.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["done"]);
+    assert_eq!(
+        p.reservation(&rid("open")).unwrap().state,
+        ReservationState::Settled
+    );
+    assert_eq!((p.reservations.len(), p.finished.len()), (1, 1));
+    assert_eq!((p.evicted_reservations, p.open_reservations), (1, 0));
+    assert_eq!(p.ledger.spent_units, 60);
+    p.check_invariants().unwrap();
+
+    // Closed when already drained: the older records leave at the close.
+    let mut q = opened(windowed(600_000));
+    run(&mut q, &reserve("a", 1, 100), 10);
+    run(&mut q, &release("a"), 20);
+    let evicted = run(&mut q, &Command::Close, 30);
+    assert_eq!(evicted.len(), 1);
+    assert!(q.reservations.is_empty());
+
+    // Restored from a store holding every record: the same one in memory.
+    let mut head = p.clone();
+    let mut records: Vec<Reservation> = std::mem::take(&mut head.reservations)
+        .into_values()
+        .collect();
+    head.finished.clear();
+    records.push(evicted_of(&mut opened(windowed(600_000))));
+    retention::restore_in_memory(&mut head, records);
+    assert_eq!(head, p);
+}
+
+/// A released record finished at 20 (for a store that holds more than memory).
+fn evicted_of(p: &mut Partition) -> Reservation {
+    run(p, &reserve("done", 1, 100), 10);
+    run(p, &release("done"), 20);
+    p.reservation(&rid("done")).unwrap().clone()
+}
+
 #[test]
 fn commands_about_an_evicted_record_are_answered_from_it() {
     let mut p = opened(windowed(1_000));

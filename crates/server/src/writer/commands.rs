@@ -35,7 +35,7 @@ impl Shard {
     /// records may have landed, so a snapshot now would pair a cut after them
     /// with a state without them, and a restart from it would skip them
     /// (found by reservoir-sim, seed 6859 of a 6,000-interleaving run).
-    fn snapshot(&self) -> Result<Answer, Failure> {
+    pub(super) fn snapshot(&self) -> Result<Answer, Failure> {
         let trouble = self
             .in_doubt
             .borrow()
@@ -611,15 +611,23 @@ impl Shard {
                 let record = if events.is_empty() {
                     None
                 } else {
-                    let record = self.commit_speculatively(batch, &key, events);
-                    self.drain_onward(batch, &key);
-                    Some(record)
+                    Some(self.commit_speculatively(batch, &key, events))
                 };
+                // The record as this command left it, read before a drain's
+                // move: a closed partition that drains keeps only what
+                // finished at its last event (`reservoir_core::retention`),
+                // and the move may come a millisecond later.
+                let r = command
+                    .reservation_id()
+                    .and_then(|id| self.state.partitions[&key].partition.reservation(id))
+                    .cloned();
+                if record.is_some() {
+                    self.drain_onward(batch, &key);
+                }
                 let Some(id) = command.reservation_id() else {
                     return Pending::Ready(Ok(Answer::Done));
                 };
-                let ps = &self.state.partitions[&key];
-                let Some(r) = ps.partition.reservation(id) else {
+                let Some(r) = r else {
                     return Pending::Ready(Err(
                         self.rejected(&key, Rejection::UnknownReservation { id: id.clone() })
                     ));
@@ -636,7 +644,7 @@ impl Shard {
                     },
                 };
                 Pending::Reservation {
-                    reservation: Box::new(r.clone()),
+                    reservation: Box::new(r),
                     key,
                     created,
                     position,

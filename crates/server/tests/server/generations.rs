@@ -123,6 +123,52 @@ async fn a_publish_moves_capacity_and_the_total_across_partitions_changes_by_zer
 
 /// A new burst below what would move: the excess stays in the closed
 /// partition's `available` (in the books, never admitted again).
+/// A closed generation gets no event once its last call finishes, so the
+/// idempotency window's rule (records leave memory at a later event's time)
+/// never ran there: it kept every finished record in memory, and in every
+/// snapshot, for good. Once closed and drained it keeps only the record its
+/// last event finished; the others are answered from the on-disk index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_closed_generation_keeps_only_its_last_record_in_memory() {
+    let (s, _dir) = TestServer::embedded().await;
+    s.publish(&policy("t", "r", 1, 10_000, 0), "e").await;
+    for i in 0..50 {
+        reserve_started(&s, &format!("done-{i}"), 10).await;
+        settle(&s, &format!("done-{i}"), 5).await;
+    }
+    reserve_started(&s, "last", 10).await;
+    let (status, body) = s.publish(&policy("t", "r", 2, 10_000, 0), "e").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let parts = s.assert_conserved().await;
+    assert_eq!(
+        generation(&parts, 1)["reservations_in_memory"],
+        51,
+        "{parts:?}"
+    );
+    settle(&s, "last", 5).await;
+    let parts = s.assert_conserved().await;
+    assert_moves_pair(&parts, "t", "r");
+    let g1 = generation(&parts, 1);
+    // The last record stays unless the drain's move came a millisecond later.
+    let kept = g1["reservations_in_memory"].as_u64().unwrap();
+    assert!(kept <= 1, "{g1}");
+    assert_eq!(g1["evicted_reservations"].as_u64(), Some(51 - kept), "{g1}");
+    // Evicted ones, retried: their own records from disk, nothing moves.
+    for id in ["done-7", "last"] {
+        let path = format!("/v1/reservations/{id}/settle");
+        let (status, again) = s.post(&path, json!({"actual_units": 5})).await;
+        assert_eq!(
+            (status, &again["state"]),
+            (StatusCode::OK, &json!("SETTLED")),
+            "{again}"
+        );
+        let (status, read) = s.get(&format!("/v1/reservations/{id}")).await;
+        assert_eq!((status, &read["actual_units"]), (StatusCode::OK, &json!(5)));
+    }
+    let after = s.assert_conserved().await;
+    assert_eq!(sum(&after, "t", "r", "spent_units"), 51 * 5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_above_the_new_burst_stays_behind_in_the_closed_generation() {
     let (s, _dir) = TestServer::embedded().await;
