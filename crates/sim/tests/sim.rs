@@ -562,3 +562,72 @@ fn a_reader_that_leaves_early_keeps_the_verdict() {
         assert!(stderr.is_empty(), "stderr: {stderr}");
     }
 }
+
+/// A snapshot request queued behind a reserve, in the batch the shard takes
+/// next, is answered with the state before that batch: taken after the
+/// reserve was decided, it held the reservation without its log position
+/// (which a request gets when its batch lands), and a process restarted from
+/// it answered the id 404 and its retry 500 until the reservation's next
+/// event.
+#[test]
+fn a_snapshot_in_a_batch_holds_nothing_decided_before_it_in_that_batch() {
+    use reservoir_server::writer::{Amount, Answer, Request};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let retired = std::sync::Arc::new(
+            reservoir_server::writer::RetiredIndex::open(&dir.path().join("retired")).unwrap(),
+        );
+        let log = std::sync::Arc::new(reservoir_sim::node::SimLog::new(true, false, false));
+        let clock = reservoir_server::clock::ManualClock::new(1_000);
+        let node = reservoir_sim::node::Node::boot(log, clock, retired, 1, 64)
+            .await
+            .unwrap();
+        let writers = &node.writers;
+        let policy = reservoir_core::Policy::example("t", "r", 1);
+        let publish = Request::Publish {
+            accounting_epoch: Some("2026-12".into()),
+            policy,
+        };
+        let published = writers.call(0, publish).await;
+        assert!(published.is_ok(), "{published:?}");
+        // Both queued before the shard runs (one thread): one batch.
+        let reserve = writers.call(
+            0,
+            Request::Reserve {
+                subject: "t".into(),
+                route: "r".into(),
+                id: reservoir_core::ReservationId::new("r-1").unwrap(),
+                digest: reservoir_core::RequestDigest([1; 32]),
+                amount: Amount::Units(10),
+            },
+        );
+        let snapshot = writers.call(0, Request::Snapshot);
+        let (reserved, snapshot) = tokio::join!(reserve, snapshot);
+        assert!(
+            matches!(reserved, Ok(Answer::Reservation { .. })),
+            "{reserved:?}"
+        );
+        let Ok(Answer::Snapshot(state)) = snapshot else {
+            panic!("{snapshot:?}")
+        };
+        for (key, ps) in &state.partitions {
+            for id in ps.partition.reservations.keys() {
+                assert!(ps.positions.contains_key(id), "{key} {id}: no position");
+            }
+            assert!(ps.partition.reservations.is_empty(), "{key}: decided after");
+            ps.partition.check_invariants().unwrap();
+        }
+        let live = node.partitions().await.unwrap();
+        assert_eq!(
+            live.values().map(|p| p.reservations.len()).sum::<usize>(),
+            1
+        );
+        for p in live.values() {
+            p.check_invariants().unwrap();
+        }
+    });
+}

@@ -272,13 +272,37 @@ impl Shard {
                 tracing::info!(shard = self.id, "writer stopped");
                 return self.state;
             }
-            let envelopes = std::mem::take(&mut buffer);
-            // A snapshot copies committed state only: let the batches in flight land first.
+            let mut envelopes = std::mem::take(&mut buffer);
+            // A snapshot copies committed state only: let the batches in
+            // flight land first, and answer it before this batch is decided
+            // (it changes nothing, so the others decide as they would have).
+            // Taken after the requests before it in the batch, it would hold
+            // their speculative events: events no log holds if the append
+            // failed, and without their log positions (which a request gets
+            // when its batch lands) if it did not.
             let barrier = envelopes
                 .iter()
                 .any(|e| matches!(e.request, Request::Snapshot));
             if barrier {
                 self.complete_all(&mut in_flight).await;
+                if !self.half_moves_checked {
+                    // The first batch after a start finishes what a torn
+                    // append left half done (see `moves`): let it land, so
+                    // the snapshot holds it.
+                    let first = self.begin(Some(&*log), Vec::new());
+                    in_flight.push_back(first);
+                    self.complete_all(&mut in_flight).await;
+                }
+                let (snapshots, rest): (Vec<_>, Vec<_>) = envelopes
+                    .into_iter()
+                    .partition(|e| matches!(e.request, Request::Snapshot));
+                for Envelope { reply, .. } in snapshots {
+                    let _ = reply.send(self.snapshot());
+                }
+                envelopes = rest;
+                if envelopes.is_empty() {
+                    continue;
+                }
             }
             let previous_failed = match in_flight.back_mut() {
                 Some(flight) => flight.failed_already(),
