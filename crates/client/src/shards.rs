@@ -864,27 +864,16 @@ mod tests {
         let a = book.reserve(&rid("a"), &units(10), None).unwrap();
         let b = book.reserve(&rid("b"), &units(10), None).unwrap();
         let c = book.reserve(&rid("c"), &units(10), None).unwrap();
-        // (step, books after: available, reserved, spent, overspent)
+        // Books after each step: available, reserved, spent, overspent.
+        let books = || {
+            let b = book.books("sh-1").unwrap();
+            let terms = (b.local_available_units, b.local_reserved_units);
+            (terms.0, terms.1, b.local_spent_units, b.overspent_units)
+        };
         a.settle(&settled(30)); // 10 held + 20 of the 70 available
-        assert_eq!(
-            book.books("sh-1").map(|b| (
-                b.local_available_units,
-                b.local_reserved_units,
-                b.local_spent_units,
-                b.overspent_units
-            )),
-            Some((50, 20, 30, 0))
-        );
+        assert_eq!(books(), (50, 20, 30, 0));
         b.settle(&settled(200)); // 10 held + all 50 available, 140 owed
-        assert_eq!(
-            book.books("sh-1").map(|b| (
-                b.local_available_units,
-                b.local_reserved_units,
-                b.local_spent_units,
-                b.overspent_units
-            )),
-            Some((0, 10, 90, 140))
-        );
+        assert_eq!(books(), (0, 10, 90, 140));
         c.release(); // its 10 come back to available
         let books = book.books("sh-1").unwrap();
         #[rustfmt::skip]
