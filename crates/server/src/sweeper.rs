@@ -35,12 +35,21 @@ pub async fn run(
             _ = stop.wait_for(|s| *s) => return,
         }
         let now_ms = clock.now_ms();
-        let refill = now_ms.saturating_sub(last_refill_ms) >= refill_interval_ms;
+        let refill = refill_due(now_ms, last_refill_ms, refill_interval_ms);
         if refill {
             last_refill_ms = now_ms;
         }
         sweep(&writers, now_ms, refill).await;
     }
+}
+
+/// Whether the sweep at `now_ms` sends refills, the last one having sent
+/// them at `last_ms`: every `interval_ms`, and at once when the clock stepped
+/// back (measured from the later time, the step would hold every refill back
+/// for its length; the writer keeps each partition's time monotonic, so a
+/// refill sent early mints nothing it should not).
+fn refill_due(now_ms: TimestampMs, last_ms: TimestampMs, interval_ms: u64) -> bool {
+    now_ms < last_ms || now_ms - last_ms >= interval_ms
 }
 
 /// One sweep at `now_ms`: collects what is due from every shard and sends it.
@@ -77,5 +86,30 @@ pub async fn sweep(writers: &Writers, now_ms: TimestampMs, refill: bool) {
     }
     for call in calls {
         let _ = call.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refill_due;
+
+    #[test]
+    fn refills_every_interval_and_at_once_after_the_clock_steps_back() {
+        // (now, last refill, interval) => due
+        let table = [
+            (1_000, 1_000, 1_000, false),
+            (1_999, 1_000, 1_000, false),
+            (2_000, 1_000, 1_000, true),
+            (5_000, 1_000, 1_000, true),
+            // The clock stepped back 10 minutes: not held back for them.
+            (400_000, 1_000_000, 1_000, true),
+        ];
+        for (now, last, interval, due) in table {
+            assert_eq!(
+                refill_due(now, last, interval),
+                due,
+                "{now} {last} {interval}"
+            );
+        }
     }
 }
