@@ -13,7 +13,7 @@ pub const MAX_DUE_PER_SWEEP: usize = 4_096;
 
 impl Shard {
     /// Commands due at `now_ms` (the sweeper's clock), and with `refill` the
-    /// partitions that have debt or room below their burst.
+    /// partitions that have debt or room below their burst in any dimension.
     pub(super) fn collect_due(
         &mut self,
         now_ms: TimestampMs,
@@ -54,10 +54,16 @@ impl Shard {
             for (key, ps) in &self.state.partitions {
                 let p = &ps.partition;
                 let Some(policy) = &p.policy else { continue };
-                let l = &p.ledger;
-                let below_burst =
-                    l.available_units.saturating_add(l.reserved_units) < policy.burst_units;
-                if p.debt_units() > 0 || (below_burst && !p.closed) {
+                // Any dimension: a token bucket refills (and its debt is
+                // repaid) while the requests bucket beside it is full.
+                let mut debt = false;
+                let mut below_burst = false;
+                for (i, l) in p.ledgers().enumerate() {
+                    debt |= l.debt_units().unwrap_or(0) > 0;
+                    below_burst |= l.available_units.saturating_add(l.reserved_units)
+                        < policy.limit(i).burst_units;
+                }
+                if debt || (below_burst && !p.closed) {
                     out.push((key.clone(), Command::Refill));
                 }
             }

@@ -3,6 +3,8 @@
 //! rate-limit headers against the partition's balances, settles derived from
 //! usage, and a 429 naming each dimension.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use reservoir_core::Policy;
 use serde_json::{json, Value};
@@ -346,4 +348,44 @@ async fn a_one_dimension_policy_answers_with_its_own_headers() {
     );
     partition(&server, "t-one").await;
     server.stop().await;
+}
+
+/// The sweepers refill a partition while any of its dimensions has room below
+/// its burst (or owes): the output-token bucket refills while the requests
+/// bucket beside it is full. They looked at the primary dimension alone, so a
+/// token bucket stood still in the books, the projections and the rate-limit
+/// headers until a reserve came by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweepers_refill_a_token_bucket_beside_a_full_requests_bucket() {
+    let (s, _dir) = TestServer::embedded().await;
+    let mut p = Policy::example_three_dimensions("fill", "chat.generate", 1);
+    // Requests back within milliseconds; output tokens at 2 a millisecond.
+    p.refill.interval_ms = 1_000;
+    p.dimensions[1].refill.interval_ms = 10_000;
+    publish(&s, &p).await;
+    let (status, _, body) = reserve(&s, "big", "fill", 100, 15_000).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = s
+        .post("/v1/reservations/big/start", json!({"operation_id": "op"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = s
+        .post(
+            "/v1/reservations/big/settle",
+            json!({"usage": {"reported_input_tokens": 100, "output_tokens": 15_000}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let output_available = |p: &Value| p["dimensions"][1]["available_units"].as_u64().unwrap();
+    let after_settle = output_available(&partition(&s, "fill").await);
+    assert!(after_settle < 6_000, "{after_settle}");
+    // Requests full again long before; output tokens keep coming back.
+    let refilled = eventually(Duration::from_secs(10), || async {
+        let p = partition(&s, "fill").await;
+        let requests_full = p["available_units"] == 60;
+        (requests_full && output_available(&p) >= after_settle + 2_000).then_some(p)
+    })
+    .await;
+    assert_eq!(books(&refilled)[0].1, 60);
+    s.stop().await;
 }
